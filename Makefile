@@ -1,0 +1,41 @@
+# The two commands: `make run` and `make test`. Both need only Python 3.11+ and pip.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# Tests use the local PostgreSQL; pytest-django creates and drops test_<name> itself.
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/relay
+
+.PHONY: run test lint format createsuperuser manage clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# Reinstall only when requirements.txt changes.
+$(VENV)/.installed: requirements.txt bridge_client/pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(BIN)/pip install --quiet --disable-pip-version-check -e ./bridge_client
+	touch $@
+
+run: $(VENV)/.installed
+	$(BIN)/python -m relay.embedded
+
+createsuperuser: $(VENV)/.installed
+	$(BIN)/python -m relay.embedded manage createsuperuser
+
+# make manage ARGS="drf_create_token alice"
+manage: $(VENV)/.installed
+	$(BIN)/python -m relay.embedded manage $(ARGS)
+
+test: $(VENV)/.installed
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(BIN)/pytest
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(VENV)/.installed
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,53 @@
+import logging
+import uuid
+from datetime import datetime, timedelta
+
+from celery import shared_task
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from puppet_connection.models import VAULT_KIND, PuppetConnection
+from relay import vault
+
+log = logging.getLogger(__name__)
+
+# A secret younger than this may belong to a create whose transaction has not committed yet.
+ORPHAN_GRACE = timedelta(minutes=10)
+
+
+@shared_task(acks_late=True)
+def reconcile_vault_secrets() -> int:
+    """Delete Vault secrets whose connection no longer exists. Runs periodically (beat).
+
+    This cleans up after a delete made while Vault was down, or a create whose commit failed
+    after its Vault write. A Vault error ends the run quietly: the next run tries again."""
+    try:
+        return delete_orphan_secrets(timezone.now())
+    except vault.VaultUnavailable as exc:
+        log.warning("vault reconcile skipped: %s", exc)
+        return 0
+
+
+def _is_uuid(key: str) -> bool:
+    try:
+        return str(uuid.UUID(key)) == key
+    except ValueError:
+        return False
+
+
+def delete_orphan_secrets(now: datetime) -> int:
+    """Returns how many secrets were deleted. Keys that are not connection ids are left alone."""
+    folder = vault.path_for(VAULT_KIND, "")
+    ids = {key for key in vault.list_keys(folder) if _is_uuid(key)}
+    known = {str(pk) for pk in PuppetConnection.objects.filter(pk__in=ids).values_list("pk", flat=True)}
+    deleted = 0
+    for key in sorted(ids - known):
+        path = folder + key
+        meta = vault.metadata(path)
+        created = parse_datetime(meta["created_time"]) if meta else None
+        if created is None or now - created < ORPHAN_GRACE:
+            continue
+        vault.delete(path)
+        deleted += 1
+        log.info("vault secret %s deleted: its connection is gone", path)
+    return deleted

@@ -1,0 +1,12 @@
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+from rest_framework.views import APIView
+
+from relay.tokens import TokenHolder
+
+
+class IsConnection(BasePermission):
+    """The request carries a valid connection token (see ConnectionTokenAuthentication)."""
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        return isinstance(request.auth, TokenHolder) and request.auth.TOKEN_PREFIX == "rlyp"

@@ -1,0 +1,220 @@
+"""Settings for the Relay service.
+
+Every value comes from the environment (django-environ) with a typed default. The defaults
+suit `make run` on one machine; README.md lists every variable and what production sets.
+A variable NAME that holds a secret may instead be given as NAME_FILE, a path to a file
+holding it (for Docker/Kubernetes secrets and systemd credentials).
+"""
+
+from pathlib import Path
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+env = environ.Env()
+
+
+def env_secret(name: str, default: str | None = None) -> str | None:
+    """NAME_FILE (a file's contents, stripped) wins over NAME."""
+    path = env.str(f"{name}_FILE", default="")
+    if path:
+        return Path(path).read_text().strip()
+    return env.str(name, default=default)
+
+
+DEBUG = env.bool("DEBUG", default=False)
+VAR_DIR = Path(env.str("RELAY_VAR_DIR", default=str(BASE_DIR / "var")))
+
+SECRET_KEY = env_secret("SECRET_KEY", default="insecure-debug-only-secret-key" if DEBUG else None)
+if not SECRET_KEY:
+    raise ImproperlyConfigured("SECRET_KEY (or SECRET_KEY_FILE) is required unless DEBUG is on.")
+
+
+def _parse_peppers(value: str) -> dict[int, bytes]:
+    """`1=old-pepper,2=new-pepper`: the highest id signs new tokens, the others still verify."""
+    peppers: dict[int, bytes] = {}
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        pepper_id, sep, pepper = item.partition("=")
+        if not sep or not pepper_id.isdigit() or len(pepper) < 32:
+            raise ImproperlyConfigured(
+                "TOKEN_PEPPERS is a comma-separated list of ID=PEPPER, each pepper 32+ characters."
+            )
+        peppers[int(pepper_id)] = pepper.encode()
+    return peppers
+
+
+TOKEN_PEPPERS = _parse_peppers(
+    env_secret("TOKEN_PEPPERS", default="1=insecure-debug-only-pepper-0123456789" if DEBUG else "")
+    or ""
+)
+if not TOKEN_PEPPERS:
+    raise ImproperlyConfigured("TOKEN_PEPPERS (or TOKEN_PEPPERS_FILE) is required unless DEBUG is on.")
+
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+
+# Production defaults are the safe ones; `make run` turns them off for plain-HTTP localhost.
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=not DEBUG)
+SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=not DEBUG)
+CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=not DEBUG)
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=0 if DEBUG else 31536000)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
+SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
+if env.bool("SECURE_PROXY_SSL_HEADER", default=False):
+    # Behind a TLS-terminating proxy that sets X-Forwarded-Proto.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# The health check must answer plain HTTP from load balancers.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "relay",
+    "puppet_connection",
+    "runs",
+    "triggers",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "relay.urls"
+WSGI_APPLICATION = "relay.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": environ.Env.db_url_config(
+        env_secret("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'relay.sqlite3'}")
+    )
+}
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = Path(env.str("STATIC_ROOT", default=str(VAR_DIR / "static")))
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
+
+# Never echo Authorization headers or token-bearing locals on error pages or in error mails.
+DEFAULT_EXCEPTION_REPORTER_FILTER = "relay.reporting.RelayExceptionReporterFilter"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        # Token first so an anonymous API call gets 401 with WWW-Authenticate, not 403.
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 100,
+    "EXCEPTION_HANDLER": "relay.api.problems.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Relay for Puppet",
+    "DESCRIPTION": "Puppet connections, runs (/_puppet/runs) and push triggers (/api/events).",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+
+# Vault (or OpenBao): where plain tokens live. See relay/vault.py and README "Vault".
+VAULT_ADDR = env.str("VAULT_ADDR", default="http://127.0.0.1:8200")
+VAULT_TOKEN = env_secret("VAULT_TOKEN", default="")
+VAULT_ROLE_ID = env.str("VAULT_ROLE_ID", default="")
+VAULT_SECRET_ID = env_secret("VAULT_SECRET_ID", default="")
+VAULT_APPROLE_MOUNT = env.str("VAULT_APPROLE_MOUNT", default="approle")
+VAULT_MOUNT_POINT = env.str("VAULT_MOUNT_POINT", default="secret")
+VAULT_PATH_PREFIX = env.str("VAULT_PATH_PREFIX", default="relay")
+VAULT_CACERT = env.str("VAULT_CACERT", default="")
+VAULT_NAMESPACE = env.str("VAULT_NAMESPACE", default="")
+VAULT_TIMEOUT = env.float("VAULT_TIMEOUT", default=5.0)
+
+# Celery: no data depends on the broker (every task can be re-derived from the database),
+# so `make run` may fall back to a filesystem transport when no Redis is reachable.
+REDIS_URL = env_secret("REDIS_URL", default="redis://127.0.0.1:6379/0")
+CELERY_BROKER_URL = env_secret("CELERY_BROKER_URL", default=REDIS_URL)
+CELERY_BROKER_TRANSPORT_OPTIONS = {}
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    _queue_dir = VAR_DIR / "celery-queue"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_queue_dir),
+        "data_folder_out": str(_queue_dir),
+        "processed_folder": str(_queue_dir / "processed"),
+        "store_processed": False,
+    }
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
+CELERY_BEAT_SCHEDULE = {
+    "reconcile-vault-secrets": {
+        "task": "puppet_connection.tasks.reconcile_vault_secrets",
+        "schedule": env.float("VAULT_RECONCILE_INTERVAL", default=300.0),
+    },
+}
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+
+# How often "last used" may be written for one token.
+TOKEN_LAST_USED_RESOLUTION = 60
+
+LOG_LEVEL = env.str("LOG_LEVEL", default="INFO")
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+}

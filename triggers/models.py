@@ -1,0 +1,1 @@
+# Push triggers and their events arrive with the triggers issue (/api/events).
