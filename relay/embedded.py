@@ -203,7 +203,7 @@ def main() -> int:
             "gunicorn",
             [str(BIN_DIR / "gunicorn"), "relay.wsgi", "--bind", f"{host}:{port}",
              "--workers", os.environ.get("WEB_CONCURRENCY", "3"), "--access-logfile", "-",
-             "--graceful-timeout", "10"],
+             "--graceful-timeout", "10", "--no-control-socket"],
             env,
         )
         stack.start(

@@ -2,9 +2,10 @@ from django.db import IntegrityError
 from rest_framework import serializers
 
 from puppet_connection.models import PuppetConnection
+from relay.api.serializers import StrictModelSerializer
 
 
-class PuppetConnectionSerializer(serializers.ModelSerializer):
+class PuppetConnectionSerializer(StrictModelSerializer):
     owner = serializers.CharField(source="owner.get_username", read_only=True)
     token_prefix = serializers.CharField(read_only=True)
 

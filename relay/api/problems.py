@@ -9,7 +9,8 @@ per invalid field (JSON Pointers into the request body).
 from http import HTTPStatus
 from typing import Any
 
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
@@ -80,8 +81,13 @@ def field_errors(details: Any, pointer: str = "#") -> list[dict[str, str]]:
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    # Converted here, not only inside DRF's handler, so the body below can read exc.detail.
     if isinstance(exc, VaultUnavailable):
         exc = ServiceUnavailable(str(exc))
+    elif isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = exceptions.PermissionDenied()
     response = drf_exception_handler(exc, context)
     if response is None:
         return None  # a real server error: handler500 answers it, as a problem too
@@ -91,7 +97,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         detail = errors[0]["detail"] if len(errors) == 1 else "The request has invalid fields."
         body = problem(response.status_code, detail, "validation_error", request.path, errors=errors)
     else:
-        assert isinstance(exc, exceptions.APIException)  # DRF's handler converted the rest
+        assert isinstance(exc, exceptions.APIException)  # the only kind DRF's handler answers
         codes = exc.get_codes()
         code = codes if isinstance(codes, str) else "error"
         body = problem(response.status_code, str(exc.detail), code, request.path)

@@ -1,0 +1,111 @@
+import threading
+from collections.abc import Iterator
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import User
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from puppet_connection.models import PuppetConnection
+from relay import vault
+from tests.bao import BaoDevServer
+
+
+def point_vault_at(server: BaoDevServer, token: str) -> None:
+    settings.VAULT_ADDR = server.addr
+    settings.VAULT_TOKEN = token
+    settings.VAULT_ROLE_ID = ""
+    vault.reset()
+
+
+@pytest.fixture(scope="session")
+def bao() -> Iterator[BaoDevServer]:
+    """The session's OpenBao: started once, shared by the tests that do not break it."""
+    server = BaoDevServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(autouse=True)
+def use_session_vault(bao: BaoDevServer) -> Iterator[BaoDevServer]:
+    saved = (settings.VAULT_ADDR, settings.VAULT_TOKEN, settings.VAULT_ROLE_ID, settings.VAULT_SECRET_ID)
+    point_vault_at(bao, bao.root().token)
+    yield bao
+    settings.VAULT_ADDR, settings.VAULT_TOKEN, settings.VAULT_ROLE_ID, settings.VAULT_SECRET_ID = saved
+    vault.reset()
+
+
+@pytest.fixture
+def own_bao() -> Iterator[BaoDevServer]:
+    """An OpenBao of this test's own, for tests that stop, seal or restrict it."""
+    server = BaoDevServer().start()
+    point_vault_at(server, server.root().token)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def alice(db) -> User:
+    return User.objects.create_user("alice", password="alice-password-1")
+
+
+@pytest.fixture
+def bob(db) -> User:
+    return User.objects.create_user("bob", password="bob-password-1")
+
+
+@pytest.fixture
+def staff(db) -> User:
+    return User.objects.create_superuser("root", password="root-password-1")
+
+
+def client_for(user: User) -> APIClient:
+    """An API client that authenticates the way users do: DRF's Token header."""
+    client = APIClient()
+    token, _ = Token.objects.get_or_create(user=user)
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    return client
+
+
+@pytest.fixture
+def alice_api(alice: User) -> APIClient:
+    return client_for(alice)
+
+
+@pytest.fixture
+def connection(alice: User) -> tuple[PuppetConnection, str]:
+    conn, token = PuppetConnection.create_with_token(owner=alice, name="prod-puppet")
+    return conn, str(token)
+
+
+def bridge(token: str) -> APIClient:
+    """A client that authenticates as a bridge: the connection token as Bearer."""
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    return client
+
+
+def run_concurrently(count: int, work) -> list:
+    """work(i) in `count` threads that start together; each thread has its own database
+    connection (Django's are per thread). Returns the results (or exceptions) in order."""
+    from django.db import connections
+
+    barrier = threading.Barrier(count)
+    results: list = [None] * count
+
+    def runner(i: int) -> None:
+        try:
+            barrier.wait()
+            results[i] = work(i)
+        except Exception as exc:  # noqa: BLE001 - reported to the test
+            results[i] = exc
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=runner, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results

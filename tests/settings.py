@@ -1,0 +1,20 @@
+"""The small test override of relay.settings: production-like (DEBUG off), real Postgres."""
+
+import os
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("DEBUG", "false")
+os.environ.setdefault("SECRET_KEY", "test-only-secret-key-not-for-production-0123456789abcdef")
+os.environ.setdefault("TOKEN_PEPPERS", "1=test-only-pepper-number-one-0123456789abcdef")
+os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/relay")
+for name in ("SECURE_SSL_REDIRECT", "SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE"):
+    os.environ.setdefault(name, "false")
+# conftest.py points these at the OpenBao dev server the test session starts.
+os.environ.setdefault("VAULT_ADDR", "http://127.0.0.1:1")
+
+from relay.settings import *  # noqa: E402, F403
+
+STATIC_ROOT = Path(tempfile.mkdtemp(prefix="relay-static-"))
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # speed, not security
+STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}  # noqa: F405
