@@ -1,0 +1,199 @@
+import logging
+import time
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.db import connection as db_connection
+from django.db import transaction
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from puppet_connection.models import PuppetConnection
+from puppet_connection.tasks import delete_orphan_secrets, reconcile_vault_secrets
+from relay import vault
+from tests.conftest import bridge, client_for, point_vault_at, run_concurrently
+
+URL = "/api/connections/puppet/"
+APP_POLICY = """
+path "secret/data/relay/*" { capabilities = ["create", "read", "update"] }
+path "secret/metadata/relay/*" { capabilities = ["read", "list", "delete"] }
+"""
+
+
+def dump_every_table() -> str:
+    """Every row of every table in the database, as text."""
+    rows = []
+    with db_connection.cursor() as cursor:
+        for table in db_connection.introspection.table_names():
+            cursor.execute(f'SELECT row_to_json(t)::text FROM "{table}" t')  # noqa: S608 - table names from introspection
+            rows += [row[0] for row in cursor.fetchall()]
+    return "\n".join(rows)
+
+
+def test_the_token_is_in_vault_and_nowhere_in_the_database_or_the_logs(alice_api, bao, caplog):
+    caplog.set_level(logging.DEBUG)  # every logger, hvac and urllib3 included
+    caplog.set_level(logging.DEBUG, logger="django")  # Django's default config holds it at INFO
+    with CaptureQueriesContext(db_connection):  # makes django.db.backends log every statement
+        created = alice_api.post(URL, {"name": "prod"}, format="json").json()
+        token = created["token"]
+        bridge(token).get("/_puppet/runs")
+        regenerated = alice_api.post(f"{URL}{created['id']}/regenerate/").json()["token"]
+        bridge(regenerated).get("/_puppet/runs")
+        bridge(token).get("/_puppet/runs")  # the old one, refused
+
+    assert bao.read(f"relay/connections/puppet/{created['id']}") == {"token": regenerated}
+    dump = dump_every_table()
+    assert regenerated[5:17] in dump  # the lookup part is stored (so the dump is searchable)
+    assert "SELECT" in caplog.text and "puppet_connection" in caplog.text  # logs were captured
+    for plain in (token, regenerated):
+        secret_part = plain[17:-6]
+        assert plain not in dump and secret_part not in dump
+        assert plain not in caplog.text and secret_part not in caplog.text
+
+
+def test_vault_stopped_during_create_leaves_nothing_and_the_api_says_503(alice_api, own_bao):
+    own_bao.stop()
+    response = alice_api.post(URL, {"name": "prod"}, format="json")
+    assert response.status_code == 503
+    assert response["Content-Type"] == "application/problem+json"
+    assert "unreachable" in response.json()["detail"]
+    assert PuppetConnection.objects.count() == 0
+
+
+def test_a_sealed_vault_is_a_503_and_no_row(alice_api, own_bao):
+    own_bao.root().sys.seal()
+    response = alice_api.post(URL, {"name": "prod"}, format="json")
+    assert response.status_code == 503 and "sealed" in response.json()["detail"]
+    assert PuppetConnection.objects.count() == 0
+
+
+def test_a_vault_that_forbids_the_write_is_a_503_and_leaves_no_secret(alice_api, bao):
+    read_only = bao.token_with_policy(
+        "relay-read-only", 'path "secret/data/relay/*" { capabilities = ["read"] }\n'
+        'path "secret/metadata/relay/*" { capabilities = ["read", "list"] }\n'
+    )
+    point_vault_at(bao, read_only)
+    before = bao.root().secrets.kv.v2.list_secrets("relay/connections/puppet/", mount_point="secret")
+    response = alice_api.post(URL, {"name": "prod"}, format="json")
+    assert response.status_code == 503 and "permission" in response.json()["detail"]
+    assert PuppetConnection.objects.count() == 0
+    after = bao.root().secrets.kv.v2.list_secrets("relay/connections/puppet/", mount_point="secret")
+    assert after["data"]["keys"] == before["data"]["keys"]
+
+
+def test_create_refuses_to_overwrite_an_existing_secret(alice, bao):
+    # Check-and-set 0: a secret already at the connection's path is never replaced.
+    conn = PuppetConnection(id=uuid.uuid4(), owner=alice, name="prod")
+    bao.root().secrets.kv.v2.create_or_update_secret(conn.vault_path, {"token": "someone else's"}, mount_point="secret")
+    with pytest.raises(vault.VaultUnavailable, match="check-and-set"), transaction.atomic():
+        conn.issue_token()
+    assert not PuppetConnection.objects.filter(pk=conn.pk).exists()
+    assert bao.read(conn.vault_path) == {"token": "someone else's"}
+
+
+def test_a_vault_outage_does_not_stop_existing_tokens(connection, own_bao, alice):
+    conn, token = PuppetConnection.create_with_token(owner=alice, name="on-own-bao")
+    own_bao.stop()
+    assert bridge(str(token)).get("/_puppet/runs").status_code == 200
+
+
+def test_regenerate_during_an_outage_changes_nothing(alice_api, own_bao, alice):
+    conn, token = PuppetConnection.create_with_token(owner=alice, name="prod")
+    own_bao.stop()
+    response = alice_api.post(f"{URL}{conn.id}/regenerate/")
+    assert response.status_code == 503
+    assert bridge(str(token)).get("/_puppet/runs").status_code == 200
+    conn.refresh_from_db()
+    assert conn.token_regenerated_at is None
+
+
+def test_delete_during_an_outage_revokes_at_once_and_the_reconciler_removes_the_secret_later(
+    alice_api, alice, bao, django_capture_on_commit_callbacks
+):
+    conn, token = PuppetConnection.create_with_token(owner=alice, name="prod")
+    settings.VAULT_ADDR = "http://127.0.0.1:1"  # Vault unreachable
+    vault.reset()
+    with django_capture_on_commit_callbacks(execute=True):
+        assert alice_api.delete(f"{URL}{conn.id}/").status_code == 204
+    assert bridge(str(token)).get("/_puppet/runs").status_code == 401
+    assert reconcile_vault_secrets() == 0  # Vault still down: skipped quietly
+
+    point_vault_at(bao, bao.root().token)  # Vault is back
+    assert bao.read(conn.vault_path) == {"token": token}
+    assert delete_orphan_secrets(timezone.now()) == 0  # too young: may be a create in flight
+    assert delete_orphan_secrets(timezone.now() + timedelta(minutes=11)) >= 1
+    assert bao.read(conn.vault_path) is None
+
+
+def test_the_reconciler_keeps_secrets_of_live_connections_and_foreign_keys(connection, bao):
+    conn, token = connection
+    bao.root().secrets.kv.v2.create_or_update_secret(
+        "relay/connections/puppet/not-a-uuid", {"x": "y"}, mount_point="secret"
+    )
+    delete_orphan_secrets(timezone.now() + timedelta(days=1))
+    assert bao.read(conn.vault_path) == {"token": token}
+    assert bao.read("relay/connections/puppet/not-a-uuid") == {"x": "y"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_regenerates_at_once_leave_exactly_one_valid_token(bao):
+    from django.contrib.auth.models import User
+
+    alice = User.objects.create_user("alice")
+    conn, first = PuppetConnection.create_with_token(owner=alice, name="prod")
+    api = [client_for(alice) for _ in range(8)]
+    responses = run_concurrently(8, lambda i: api[i].post(f"{URL}{conn.id}/regenerate/"))
+    assert [r.status_code for r in responses] == [200] * 8
+    issued = [r.json()["token"] for r in responses]
+    valid = [t for t in [str(first), *issued] if PuppetConnection.for_token(t) is not None]
+    assert len(valid) == 1
+    assert bao.read(conn.vault_path) == {"token": valid[0]}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_creates_of_one_name_make_one_connection(bao):
+    from django.contrib.auth.models import User
+
+    alice = User.objects.create_user("alice")
+    api = [client_for(alice) for _ in range(8)]
+    responses = run_concurrently(8, lambda i: api[i].post(URL, {"name": "prod"}, format="json"))
+    codes = sorted(r.status_code for r in responses)
+    assert codes == [201] + [400] * 7
+    assert PuppetConnection.objects.count() == 1
+
+
+def test_a_short_lived_vault_token_is_renewed_before_it_expires(alice, bao):
+    short = bao.token_with_policy("relay-app", APP_POLICY, ttl="4s", renewable=True)
+    point_vault_at(bao, short)
+    PuppetConnection.create_with_token(owner=alice, name="one")
+    time.sleep(3)  # past two thirds of the TTL: the next call renews first
+    PuppetConnection.create_with_token(owner=alice, name="two")
+    time.sleep(2.5)  # past the original TTL
+    PuppetConnection.create_with_token(owner=alice, name="three")
+    assert PuppetConnection.objects.count() == 3
+
+
+def test_approle_login_is_used_when_configured(alice, bao):
+    root = bao.root()
+    if "approle/" not in root.sys.list_auth_methods()["data"]:
+        root.sys.enable_auth_method("approle")
+    root.sys.create_or_update_policy("relay-app", APP_POLICY)
+    root.auth.approle.create_or_update_approle("relay", token_policies=["relay-app"], token_ttl="1h")
+    settings.VAULT_TOKEN = ""
+    settings.VAULT_ROLE_ID = root.auth.approle.read_role_id("relay")["data"]["role_id"]
+    settings.VAULT_SECRET_ID = root.auth.approle.generate_secret_id("relay")["data"]["secret_id"]
+    vault.reset()
+    conn, token = PuppetConnection.create_with_token(owner=alice, name="via-approle")
+    assert bao.read(conn.vault_path) == {"token": token}
+
+
+def test_a_wrong_approle_secret_is_a_clear_error(alice, bao):
+    settings.VAULT_TOKEN = ""
+    settings.VAULT_ROLE_ID = "no-such-role"
+    settings.VAULT_SECRET_ID = "wrong"
+    vault.reset()
+    with pytest.raises(vault.VaultUnavailable):
+        PuppetConnection.create_with_token(owner=alice, name="x")
+    assert PuppetConnection.objects.count() == 0
