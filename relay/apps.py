@@ -3,3 +3,6 @@ from django.apps import AppConfig
 
 class RelayConfig(AppConfig):
     name = "relay"
+
+    def ready(self) -> None:
+        from relay.api import schema  # noqa: F401 - registers the OpenAPI extensions

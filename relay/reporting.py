@@ -22,6 +22,15 @@ class RelayExceptionReporterFilter(SafeExceptionReporterFilter):
                 meta[key] = self.cleansed_substitute
         return meta
 
+    def get_post_parameters(self, request: HttpRequest | None) -> Any:
+        params = super().get_post_parameters(request)
+        if not params:
+            return params
+        cleansed = params.copy()
+        for key, values in params.lists():
+            cleansed.setlist(key, [LEAK_RE.sub(self.cleansed_substitute, value) for value in values])
+        return cleansed
+
     def get_traceback_frame_variables(self, request: HttpRequest, tb_frame: Any) -> Any:
         cleansed = []
         for name, value in super().get_traceback_frame_variables(request, tb_frame):

@@ -24,6 +24,8 @@ class PuppetConnectionViewSet(
     """`puppet` connections. Users see their own; staff see everyone's."""
 
     serializer_class = PuppetConnectionSerializer
+    queryset = PuppetConnection.objects.none()  # for the schema; get_queryset() scopes by user
+    lookup_value_converter = "uuid"
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
 
     def get_queryset(self) -> QuerySet[PuppetConnection]:

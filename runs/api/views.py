@@ -1,3 +1,5 @@
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -15,5 +17,6 @@ class RunListView(APIView):
     authentication_classes = [ConnectionTokenAuthentication]
     permission_classes = [IsConnection]
 
+    @extend_schema(responses=inline_serializer("RunList", {"runs": serializers.ListField()}))
     def get(self, request: Request) -> Response:
         return Response({"runs": []})

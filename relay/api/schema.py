@@ -1,0 +1,16 @@
+"""How the OpenAPI schema (drf-spectacular) describes our own authentication."""
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+
+
+class ConnectionTokenScheme(OpenApiAuthenticationExtension):
+    target_class = "relay.api.authentication.ConnectionTokenAuthentication"
+    name = "connectionToken"
+
+    def get_security_definition(self, auto_schema: object) -> dict[str, str]:
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "The connection's token (rlyp_...). HTTP Basic with the token as the "
+            "password is accepted too.",
+        }

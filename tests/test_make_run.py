@@ -1,0 +1,121 @@
+"""`make run`'s supervisor (relay.embedded), started for real: OpenBao with persistent
+storage, migrations, gunicorn and Celery, stopped by SIGINT as Ctrl-C would, started again."""
+
+import json
+import os
+import queue
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import hvac
+import pytest
+import requests
+
+from tests.bao import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+# Variables the test run sets for itself, which `make run` must not see.
+TEST_ONLY = ("DEBUG", "SECRET_KEY", "TOKEN_PEPPERS", "DJANGO_SETTINGS_MODULE", "SECURE_", "SESSION_",
+             "CSRF_", "VAULT_", "DATABASE_URL", "REDIS_URL", "CELERY_")
+
+
+class Service:
+    def __init__(self, var: Path, **env: str) -> None:
+        self.port = int(env["PORT"])
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(TEST_ONLY)}
+        self.env.update(RELAY_VAR_DIR=str(var), **env)
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.output: list[str] = []
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "relay.embedded"], cwd=ROOT, env=self.env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.output.append(line)
+            self.lines.put(line)
+
+    def wait_for_line(self, text: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if text in self.lines.get(timeout=1):
+                    return
+            except queue.Empty:
+                if self.process.poll() is not None:
+                    break
+        raise AssertionError(f"never printed {text!r}:\n{''.join(self.output)}")
+
+    def manage(self, *args: str) -> str:
+        result = subprocess.run([sys.executable, "-m", "relay.embedded", "manage", *args], cwd=ROOT,
+                                env=self.env, capture_output=True, text=True, check=True)
+        return result.stdout
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def interrupt(self) -> int:
+        self.process.send_signal(signal.SIGINT)
+        return self.process.wait(timeout=60)
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.django_db(False)
+def test_make_run_starts_everything_keeps_secrets_across_restarts_and_stops_cleanly(tmp_path):
+    var = tmp_path / "var"
+    ports = {"PORT": str(free_port()), "VAULT_PORT": str(free_port())}
+    service = Service(var, **ports)
+    try:
+        service.wait_for_line("Relay is up")
+        text = "".join(service.output)
+        assert "single-machine use only" in text
+        assert f"http://127.0.0.1:{ports['PORT']}/admin/" in text and "createsuperuser" in text
+
+        for name in ("openbao/init.json", "openbao/app-token", "secret_key", "token_peppers"):
+            assert stat.S_IMODE((var / name).stat().st_mode) == 0o600, name
+        assert (var / "relay.sqlite3").exists()  # SQLite under var/ by default
+
+        key = service.manage("shell", "-c", (
+            "from django.contrib.auth.models import User; from rest_framework.authtoken.models import Token;"
+            "u = User.objects.create_user('ops'); print(Token.objects.create(user=u).key)"
+        )).strip().splitlines()[-1]  # shell may print its auto-import notice first
+        created = requests.post(service.url("/api/connections/puppet/"), json={"name": "prod"},
+                                headers={"Authorization": f"Token {key}"}, timeout=10)
+        assert created.status_code == 201, created.text
+        token = created.json()["token"]
+        runs = requests.get(service.url("/_puppet/runs"), headers={"Authorization": f"Bearer {token}"}, timeout=10)
+        assert runs.json() == {"runs": []}
+        assert requests.get(service.url("/admin/login/"), timeout=10).status_code == 200
+        assert requests.get(service.url("/static/admin/css/base.css"), timeout=10).status_code == 200
+    finally:
+        code = service.interrupt()
+    assert code == 0, "".join(service.output)
+    assert not listening(int(ports["PORT"])) and not listening(int(ports["VAULT_PORT"]))
+
+    # Again, now without Redis: the worker falls back to a filesystem queue.
+    service = Service(var, REDIS_URL="redis://127.0.0.1:1/0", **ports)
+    try:
+        service.wait_for_line("Relay is up")
+        assert "filesystem queue" in "".join(service.output)
+        runs = requests.get(service.url("/_puppet/runs"), headers={"Authorization": f"Bearer {token}"}, timeout=10)
+        assert runs.status_code == 200
+        # The secret survived the restart in OpenBao's persistent storage.
+        root = hvac.Client(f"http://127.0.0.1:{ports['VAULT_PORT']}",
+                           token=json.loads((var / "openbao/init.json").read_text())["root_token"])
+        secret = root.secrets.kv.v2.read_secret_version(
+            f"relay/connections/puppet/{created.json()['id']}", mount_point="secret", raise_on_deleted_version=True)
+        assert secret["data"]["data"] == {"token": token}
+    finally:
+        assert service.interrupt() == 0

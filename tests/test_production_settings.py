@@ -1,0 +1,65 @@
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def manage(args: list[str], **env: str) -> subprocess.CompletedProcess:
+    # Only what this test gives: not the relaxed values tests/settings.py put in os.environ.
+    inherited = ("DEBUG", "SECRET_KEY", "TOKEN_PEPPERS", "DJANGO_SETTINGS_MODULE", "SECURE_", "SESSION_", "CSRF_", "VAULT_", "DATABASE_URL")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(inherited)}
+    clean.update(DJANGO_SETTINGS_MODULE="relay.settings", **env)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), *args], env=clean, capture_output=True, text=True, cwd=ROOT
+    )
+
+
+@pytest.fixture
+def production(tmp_path) -> dict[str, str]:
+    """What README's production section sets, with secrets given as files."""
+    (tmp_path / "secret_key").write_text(secrets.token_urlsafe(50))
+    (tmp_path / "peppers").write_text(f"1={secrets.token_urlsafe(40)}\n")
+    (tmp_path / "db").write_text("postgres://postgres@127.0.0.1:5432/relay")
+    return {
+        "SECRET_KEY_FILE": str(tmp_path / "secret_key"),
+        "TOKEN_PEPPERS_FILE": str(tmp_path / "peppers"),
+        "DATABASE_URL_FILE": str(tmp_path / "db"),
+        "ALLOWED_HOSTS": "relay.example.com",
+        "SECURE_HSTS_INCLUDE_SUBDOMAINS": "true",
+        "SECURE_HSTS_PRELOAD": "true",
+        "VAULT_ADDR": "https://vault.example.com:8200",
+    }
+
+
+def test_check_deploy_passes_with_production_values(production):
+    result = manage(["check", "--deploy", "--fail-level", "WARNING"], **production)
+    assert result.returncode == 0, result.stderr
+    assert "no issues" in result.stdout
+
+
+def test_a_missing_secret_key_stops_the_service_outside_debug(production):
+    del production["SECRET_KEY_FILE"]
+    result = manage(["check"], **production)
+    assert result.returncode != 0 and "SECRET_KEY" in result.stderr
+
+
+def test_missing_peppers_stop_the_service_outside_debug(production):
+    del production["TOKEN_PEPPERS_FILE"]
+    result = manage(["check"], **production)
+    assert result.returncode != 0 and "TOKEN_PEPPERS" in result.stderr
+
+
+def test_a_short_pepper_is_refused(production):
+    del production["TOKEN_PEPPERS_FILE"]
+    result = manage(["check"], TOKEN_PEPPERS="1=short", **production)
+    assert result.returncode != 0 and "32+ characters" in result.stderr
+
+
+def test_debug_mode_runs_without_secrets():
+    result = manage(["check"], DEBUG="true")
+    assert result.returncode == 0, result.stderr
