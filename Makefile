@@ -27,6 +27,8 @@ manage: $(VENV)/.installed
 	$(BIN)/python -m relay.embedded manage $(ARGS)
 
 test: $(VENV)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(BIN)/pytest
 
 lint: $(VENV)/.installed

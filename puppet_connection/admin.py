@@ -60,7 +60,9 @@ class PuppetConnectionAdmin(admin.ModelAdmin):
             keep = {key: request.POST.get(key, "") for key in ("name", "description", "owner")}
             return HttpResponseRedirect(f"{request.path}?{urlencode(keep)}")
 
-    def response_add(self, request: HttpRequest, obj: PuppetConnection, post_url_continue: str | None = None) -> HttpResponse:
+    def response_add(
+        self, request: HttpRequest, obj: PuppetConnection, post_url_continue: str | None = None
+    ) -> HttpResponse:
         token = getattr(request, "_relay_new_token", None)
         if token is None:
             return super().response_add(request, obj, post_url_continue)
@@ -69,7 +71,11 @@ class PuppetConnectionAdmin(admin.ModelAdmin):
     def get_urls(self) -> list:
         regenerate = self.admin_site.admin_view(self.regenerate_view)
         return [
-            path("<uuid:object_id>/regenerate/", regenerate, name="puppet_connection_puppetconnection_regenerate"),
+            path(
+                "<uuid:object_id>/regenerate/",
+                regenerate,
+                name="puppet_connection_puppetconnection_regenerate",
+            ),
             *super().get_urls(),
         ]
 
@@ -79,9 +85,15 @@ class PuppetConnectionAdmin(admin.ModelAdmin):
         if not self.has_change_permission(request, connection):
             return HttpResponse(status=403)
         if request.method != "POST":
-            context = {**self.admin_site.each_context(request), "opts": self.opts, "original": connection,
-                       "title": f"Regenerate the token of {connection}?"}
-            return TemplateResponse(request, "admin/puppet_connection/puppetconnection/regenerate_confirm.html", context)
+            context = {
+                **self.admin_site.each_context(request),
+                "opts": self.opts,
+                "original": connection,
+                "title": f"Regenerate the token of {connection}?",
+            }
+            return TemplateResponse(
+                request, "admin/puppet_connection/puppetconnection/regenerate_confirm.html", context
+            )
         change_url = reverse("admin:puppet_connection_puppetconnection_change", args=[connection.pk])
         try:
             token = connection.regenerate_token()
@@ -91,7 +103,9 @@ class PuppetConnectionAdmin(admin.ModelAdmin):
         self.log_change(request, connection, "Regenerated the token.")
         return self._reveal(request, connection, token, created=False)
 
-    def _reveal(self, request: HttpRequest, connection: PuppetConnection, token: tokens.PlainToken, created: bool) -> HttpResponse:
+    def _reveal(
+        self, request: HttpRequest, connection: PuppetConnection, token: tokens.PlainToken, created: bool
+    ) -> HttpResponse:
         """The one page that ever shows the token. It answers a POST, so there is no URL to
         come back to; no-store keeps it out of the browser's cache and history snapshots."""
         context = {
@@ -103,6 +117,8 @@ class PuppetConnectionAdmin(admin.ModelAdmin):
             "title": "Copy the connection token now",
             "change_url": reverse("admin:puppet_connection_puppetconnection_change", args=[connection.pk]),
         }
-        response = TemplateResponse(request, "admin/puppet_connection/puppetconnection/reveal_token.html", context)
+        response = TemplateResponse(
+            request, "admin/puppet_connection/puppetconnection/reveal_token.html", context
+        )
         response["Cache-Control"] = "no-store"
         return response

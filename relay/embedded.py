@@ -29,6 +29,20 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("RELAY_VAR_DIR", BASE_DIR / "var")).resolve()
 BIN_DIR = Path(sys.executable).parent
 APP_POLICY = "relay-app"
+OPENBAO_CONFIG = """\
+storage "raft" {{
+  path = "{data}"
+  node_id = "relay"
+  performance_multiplier = 1
+}}
+listener "tcp" {{
+  address = "127.0.0.1:{port}"
+  tls_disable = true
+}}
+api_addr = "http://127.0.0.1:{port}"
+cluster_addr = "http://127.0.0.1:{cluster_port}"
+ui = false
+"""
 
 
 def say(message: str) -> None:
@@ -55,7 +69,9 @@ class Stack:
         self.children: list[tuple[str, subprocess.Popen]] = []
         self.stopping = False
 
-    def start(self, name: str, args: list[str], env: dict[str, str], log: Path | None = None) -> subprocess.Popen:
+    def start(
+        self, name: str, args: list[str], env: dict[str, str], log: Path | None = None
+    ) -> subprocess.Popen:
         # A session of its own: Ctrl-C reaches only us, so we choose the order of shutdown.
         out = open(log, "ab") if log else None
         child = subprocess.Popen(args, env=env, start_new_session=True, stdout=out, stderr=out)
@@ -84,17 +100,23 @@ def start_openbao(stack: Stack, env: dict[str, str]) -> None:
     os.chmod(home, 0o700)
     port = int(os.environ.get("VAULT_PORT", "8200"))
     addr = f"http://127.0.0.1:{port}"
+    # Raft is OpenBao's persistent storage (it has no "file" backend); one node, fast timers.
+    # Its cluster port is VAULT_PORT + 1.
     (home / "config.hcl").write_text(
-        # Raft is OpenBao's persistent storage (it has no "file" backend); one node here.
-        f'storage "raft" {{\n  path = "{home / "data"}"\n  node_id = "relay"\n  performance_multiplier = 1\n}}\n'
-        f'listener "tcp" {{\n  address = "127.0.0.1:{port}"\n  tls_disable = true\n}}\n'
-        f'api_addr = "{addr}"\ncluster_addr = "http://127.0.0.1:{port + 1}"\nui = false\n'
+        OPENBAO_CONFIG.format(data=home / "data", port=port, cluster_port=port + 1)
     )
     if port_in_use(port):
         raise SystemExit(f"port {port} is taken; set VAULT_PORT to another port")
-    stack.start("openbao", [str(BIN_DIR / "bao"), "server", f"-config={home / 'config.hcl'}"], env, home / "openbao.log")
+    stack.start(
+        "openbao",
+        [str(BIN_DIR / "bao"), "server", f"-config={home / 'config.hcl'}"],
+        env,
+        home / "openbao.log",
+    )
     client = hvac.Client(url=addr, timeout=30)  # the first raft election takes seconds
-    wait_for(lambda: client.sys.read_health_status(method="GET").status_code in (200, 429, 501, 503), "openbao")
+    wait_for(
+        lambda: client.sys.read_health_status(method="GET").status_code in (200, 429, 501, 503), "openbao"
+    )
 
     keys_file = home / "init.json"
     if not client.sys.is_initialized():
@@ -169,7 +191,9 @@ def base_env() -> dict[str, str]:
         env.setdefault(name, "false")
     env.setdefault("SECURE_HSTS_SECONDS", "0")
     if "SECRET_KEY" not in env and "SECRET_KEY_FILE" not in env:
-        env["SECRET_KEY_FILE"] = str(generated_secret(VAR_DIR / "secret_key", lambda: secrets.token_urlsafe(50)))
+        env["SECRET_KEY_FILE"] = str(
+            generated_secret(VAR_DIR / "secret_key", lambda: secrets.token_urlsafe(50))
+        )
     if "TOKEN_PEPPERS" not in env and "TOKEN_PEPPERS_FILE" not in env:
         env["TOKEN_PEPPERS_FILE"] = str(
             generated_secret(VAR_DIR / "token_peppers", lambda: f"1={secrets.token_urlsafe(48)}")
@@ -201,16 +225,36 @@ def main() -> int:
         subprocess.run([*manage, "collectstatic", "--noinput", "-v0"], env=env, check=True)
         stack.start(
             "gunicorn",
-            [str(BIN_DIR / "gunicorn"), "relay.wsgi", "--bind", f"{host}:{port}",
-             "--workers", os.environ.get("WEB_CONCURRENCY", "3"), "--access-logfile", "-",
-             "--graceful-timeout", "10", "--no-control-socket"],
+            [
+                str(BIN_DIR / "gunicorn"),
+                "relay.wsgi",
+                "--bind",
+                f"{host}:{port}",
+                "--workers",
+                os.environ.get("WEB_CONCURRENCY", "3"),
+                "--access-logfile",
+                "-",
+                "--graceful-timeout",
+                "10",
+                "--no-control-socket",
+            ],
             env,
         )
         stack.start(
             "celery",
-            [str(BIN_DIR / "celery"), "-A", "relay", "worker", "--beat", "--loglevel", "INFO",
-             "--concurrency", os.environ.get("CELERY_CONCURRENCY", "2"),
-             "--schedule", str(VAR_DIR / "celerybeat-schedule")],
+            [
+                str(BIN_DIR / "celery"),
+                "-A",
+                "relay",
+                "worker",
+                "--beat",
+                "--loglevel",
+                "INFO",
+                "--concurrency",
+                os.environ.get("CELERY_CONCURRENCY", "2"),
+                "--schedule",
+                str(VAR_DIR / "celerybeat-schedule"),
+            ],
             env,
         )
         wait_for(lambda: requests.get(f"http://{host}:{port}/healthz", timeout=1).ok, "gunicorn")

@@ -37,8 +37,6 @@ class RelayExceptionReporterFilter(SafeExceptionReporterFilter):
             text = value if isinstance(value, str) else repr(value)
             if LEAK_RE.search(text) or "HTTP_AUTHORIZATION" in text:
                 value = LEAK_RE.sub(self.cleansed_substitute, text)
-                value = re.sub(
-                    r"('HTTP_AUTHORIZATION': )'[^']*'", rf"\1'{self.cleansed_substitute}'", value
-                )
+                value = re.sub(r"('HTTP_AUTHORIZATION': )'[^']*'", rf"\1'{self.cleansed_substitute}'", value)
             cleansed.append((name, value))
         return cleansed

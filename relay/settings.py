@@ -45,8 +45,7 @@ def _parse_peppers(value: str) -> dict[int, bytes]:
 
 
 TOKEN_PEPPERS = _parse_peppers(
-    env_secret("TOKEN_PEPPERS", default="1=insecure-debug-only-pepper-0123456789" if DEBUG else "")
-    or ""
+    env_secret("TOKEN_PEPPERS", default="1=insecure-debug-only-pepper-0123456789" if DEBUG else "") or ""
 )
 if not TOKEN_PEPPERS:
     raise ImproperlyConfigured("TOKEN_PEPPERS (or TOKEN_PEPPERS_FILE) is required unless DEBUG is on.")

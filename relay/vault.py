@@ -100,9 +100,7 @@ def _call(action: str, func: Any) -> Any:
         raise VaultUnavailable(f"Vault answered with an error; could not {action}.") from exc
     except requests.RequestException as exc:
         reset()
-        raise VaultUnavailable(
-            f"Vault at {settings.VAULT_ADDR} is unreachable; could not {action}."
-        ) from exc
+        raise VaultUnavailable(f"Vault at {settings.VAULT_ADDR} is unreachable; could not {action}.") from exc
 
 
 def path_for(kind: str, object_id: object) -> str:
@@ -157,9 +155,7 @@ def delete(path: str) -> None:
 def list_keys(folder: str) -> list[str]:
     def ls(client: hvac.Client) -> list[str]:
         try:
-            result = client.secrets.kv.v2.list_secrets(
-                path=folder, mount_point=settings.VAULT_MOUNT_POINT
-            )
+            result = client.secrets.kv.v2.list_secrets(path=folder, mount_point=settings.VAULT_MOUNT_POINT)
         except hvac.exceptions.InvalidPath:
             return []
         return list(result["data"]["keys"])

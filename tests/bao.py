@@ -26,8 +26,13 @@ class BaoDevServer:
 
     def start(self) -> "BaoDevServer":
         self.process = subprocess.Popen(
-            [BAO, "server", "-dev", f"-dev-root-token-id={ROOT_TOKEN}",
-             f"-dev-listen-address=127.0.0.1:{self.port}"],
+            [
+                BAO,
+                "server",
+                "-dev",
+                f"-dev-root-token-id={ROOT_TOKEN}",
+                f"-dev-listen-address=127.0.0.1:{self.port}",
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -36,7 +41,7 @@ class BaoDevServer:
             try:
                 if self.root().sys.is_initialized() and not self.root().sys.is_sealed():
                     return self
-            except Exception:  # noqa: BLE001 - not listening yet
+            except Exception:
                 time.sleep(0.1)
         raise RuntimeError("bao server -dev did not start")
 

@@ -98,7 +98,7 @@ def run_concurrently(count: int, work) -> list:
         try:
             barrier.wait()
             results[i] = work(i)
-        except Exception as exc:  # noqa: BLE001 - reported to the test
+        except Exception as exc:
             results[i] = exc
         finally:
             connections.close_all()

@@ -35,7 +35,12 @@ def test_adding_a_connection_shows_its_token_once(admin_client, staff, bao):
     assert bao.read(conn.vault_path) == {"token": token}
 
     # Never again: not on the list, the change page, the history, or the regenerate prompt.
-    for url in (LIST, f"{LIST}{conn.pk}/change/", f"{LIST}{conn.pk}/history/", f"{LIST}{conn.pk}/regenerate/"):
+    for url in (
+        LIST,
+        f"{LIST}{conn.pk}/change/",
+        f"{LIST}{conn.pk}/history/",
+        f"{LIST}{conn.pk}/regenerate/",
+    ):
         page = admin_client.get(url)
         assert page.status_code == 200, url
         assert token not in page.content.decode()
@@ -70,7 +75,9 @@ def test_the_regenerate_prompt_changes_nothing(admin_client, connection):
 
 def test_vault_down_during_add_shows_an_error_and_saves_nothing(admin_client, staff, own_bao):
     own_bao.stop()
-    response = admin_client.post(ADD, {"name": "prod", "description": "fleet", "owner": staff.pk}, follow=True)
+    response = admin_client.post(
+        ADD, {"name": "prod", "description": "fleet", "owner": staff.pk}, follow=True
+    )
     assert response.status_code == 200
     text = response.content.decode()
     assert "Nothing was saved" in text and "unreachable" in text

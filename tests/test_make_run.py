@@ -21,8 +21,19 @@ from tests.bao import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 # Variables the test run sets for itself, which `make run` must not see.
-TEST_ONLY = ("DEBUG", "SECRET_KEY", "TOKEN_PEPPERS", "DJANGO_SETTINGS_MODULE", "SECURE_", "SESSION_",
-             "CSRF_", "VAULT_", "DATABASE_URL", "REDIS_URL", "CELERY_")
+TEST_ONLY = (
+    "DEBUG",
+    "SECRET_KEY",
+    "TOKEN_PEPPERS",
+    "DJANGO_SETTINGS_MODULE",
+    "SECURE_",
+    "SESSION_",
+    "CSRF_",
+    "VAULT_",
+    "DATABASE_URL",
+    "REDIS_URL",
+    "CELERY_",
+)
 
 
 class Service:
@@ -33,8 +44,12 @@ class Service:
         self.lines: queue.Queue[str] = queue.Queue()
         self.output: list[str] = []
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "relay.embedded"], cwd=ROOT, env=self.env,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [sys.executable, "-m", "relay.embedded"],
+            cwd=ROOT,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -55,8 +70,14 @@ class Service:
         raise AssertionError(f"never printed {text!r}:\n{''.join(self.output)}")
 
     def manage(self, *args: str) -> str:
-        result = subprocess.run([sys.executable, "-m", "relay.embedded", "manage", *args], cwd=ROOT,
-                                env=self.env, capture_output=True, text=True, check=True)
+        result = subprocess.run(
+            [sys.executable, "-m", "relay.embedded", "manage", *args],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         return result.stdout
 
     def url(self, path: str) -> str:
@@ -87,15 +108,30 @@ def test_make_run_starts_everything_keeps_secrets_across_restarts_and_stops_clea
             assert stat.S_IMODE((var / name).stat().st_mode) == 0o600, name
         assert (var / "relay.sqlite3").exists()  # SQLite under var/ by default
 
-        key = service.manage("shell", "-c", (
-            "from django.contrib.auth.models import User; from rest_framework.authtoken.models import Token;"
-            "u = User.objects.create_user('ops'); print(Token.objects.create(user=u).key)"
-        )).strip().splitlines()[-1]  # shell may print its auto-import notice first
-        created = requests.post(service.url("/api/connections/puppet/"), json={"name": "prod"},
-                                headers={"Authorization": f"Token {key}"}, timeout=10)
+        key = (
+            service.manage(
+                "shell",
+                "-c",
+                (
+                    "from django.contrib.auth.models import User;"
+                    "from rest_framework.authtoken.models import Token;"
+                    "u = User.objects.create_user('ops'); print(Token.objects.create(user=u).key)"
+                ),
+            )
+            .strip()
+            .splitlines()[-1]
+        )  # shell may print its auto-import notice first
+        created = requests.post(
+            service.url("/api/connections/puppet/"),
+            json={"name": "prod"},
+            headers={"Authorization": f"Token {key}"},
+            timeout=10,
+        )
         assert created.status_code == 201, created.text
         token = created.json()["token"]
-        runs = requests.get(service.url("/_puppet/runs"), headers={"Authorization": f"Bearer {token}"}, timeout=10)
+        runs = requests.get(
+            service.url("/_puppet/runs"), headers={"Authorization": f"Bearer {token}"}, timeout=10
+        )
         assert runs.json() == {"runs": []}
         assert requests.get(service.url("/admin/login/"), timeout=10).status_code == 200
         assert requests.get(service.url("/static/admin/css/base.css"), timeout=10).status_code == 200
@@ -109,13 +145,20 @@ def test_make_run_starts_everything_keeps_secrets_across_restarts_and_stops_clea
     try:
         service.wait_for_line("Relay is up")
         assert "filesystem queue" in "".join(service.output)
-        runs = requests.get(service.url("/_puppet/runs"), headers={"Authorization": f"Bearer {token}"}, timeout=10)
+        runs = requests.get(
+            service.url("/_puppet/runs"), headers={"Authorization": f"Bearer {token}"}, timeout=10
+        )
         assert runs.status_code == 200
         # The secret survived the restart in OpenBao's persistent storage.
-        root = hvac.Client(f"http://127.0.0.1:{ports['VAULT_PORT']}",
-                           token=json.loads((var / "openbao/init.json").read_text())["root_token"])
+        root = hvac.Client(
+            f"http://127.0.0.1:{ports['VAULT_PORT']}",
+            token=json.loads((var / "openbao/init.json").read_text())["root_token"],
+        )
         secret = root.secrets.kv.v2.read_secret_version(
-            f"relay/connections/puppet/{created.json()['id']}", mount_point="secret", raise_on_deleted_version=True)
+            f"relay/connections/puppet/{created.json()['id']}",
+            mount_point="secret",
+            raise_on_deleted_version=True,
+        )
         assert secret["data"]["data"] == {"token": token}
     finally:
         assert service.interrupt() == 0

@@ -11,7 +11,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def manage(args: list[str], **env: str) -> subprocess.CompletedProcess:
     # Only what this test gives: not the relaxed values tests/settings.py put in os.environ.
-    inherited = ("DEBUG", "SECRET_KEY", "TOKEN_PEPPERS", "DJANGO_SETTINGS_MODULE", "SECURE_", "SESSION_", "CSRF_", "VAULT_", "DATABASE_URL")
+    inherited = (
+        "DEBUG",
+        "SECRET_KEY",
+        "TOKEN_PEPPERS",
+        "DJANGO_SETTINGS_MODULE",
+        "SECURE_",
+        "SESSION_",
+        "CSRF_",
+        "VAULT_",
+        "DATABASE_URL",
+    )
     clean = {k: v for k, v in os.environ.items() if not k.startswith(inherited)}
     clean.update(DJANGO_SETTINGS_MODULE="relay.settings", **env)
     return subprocess.run(

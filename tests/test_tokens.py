@@ -63,7 +63,7 @@ def test_a_rotated_pepper_still_verifies_old_digests_and_re_signs_them(connectio
 
 
 def test_a_digest_whose_pepper_was_retired_no_longer_verifies(connection, settings):
-    conn, token = connection
+    _conn, token = connection
     settings.TOKEN_PEPPERS = {2: b"second-pepper-0123456789abcdefghijkl"}
     assert PuppetConnection.for_token(token) is None
     assert bridge(token).get("/_puppet/runs").status_code == 401

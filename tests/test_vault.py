@@ -27,7 +27,7 @@ def dump_every_table() -> str:
     rows = []
     with db_connection.cursor() as cursor:
         for table in db_connection.introspection.table_names():
-            cursor.execute(f'SELECT row_to_json(t)::text FROM "{table}" t')  # noqa: S608 - table names from introspection
+            cursor.execute(f'SELECT row_to_json(t)::text FROM "{table}" t')
             rows += [row[0] for row in cursor.fetchall()]
     return "\n".join(rows)
 
@@ -71,8 +71,9 @@ def test_a_sealed_vault_is_a_503_and_no_row(alice_api, own_bao):
 
 def test_a_vault_that_forbids_the_write_is_a_503_and_leaves_no_secret(alice_api, bao):
     read_only = bao.token_with_policy(
-        "relay-read-only", 'path "secret/data/relay/*" { capabilities = ["read"] }\n'
-        'path "secret/metadata/relay/*" { capabilities = ["read", "list"] }\n'
+        "relay-read-only",
+        'path "secret/data/relay/*" { capabilities = ["read"] }\n'
+        'path "secret/metadata/relay/*" { capabilities = ["read", "list"] }\n',
     )
     point_vault_at(bao, read_only)
     before = bao.root().secrets.kv.v2.list_secrets("relay/connections/puppet/", mount_point="secret")
@@ -86,15 +87,17 @@ def test_a_vault_that_forbids_the_write_is_a_503_and_leaves_no_secret(alice_api,
 def test_create_refuses_to_overwrite_an_existing_secret(alice, bao):
     # Check-and-set 0: a secret already at the connection's path is never replaced.
     conn = PuppetConnection(id=uuid.uuid4(), owner=alice, name="prod")
-    bao.root().secrets.kv.v2.create_or_update_secret(conn.vault_path, {"token": "someone else's"}, mount_point="secret")
+    bao.root().secrets.kv.v2.create_or_update_secret(
+        conn.vault_path, {"token": "someone else's"}, mount_point="secret"
+    )
     with pytest.raises(vault.VaultUnavailable, match="check-and-set"), transaction.atomic():
         conn.issue_token()
     assert not PuppetConnection.objects.filter(pk=conn.pk).exists()
     assert bao.read(conn.vault_path) == {"token": "someone else's"}
 
 
-def test_a_vault_outage_does_not_stop_existing_tokens(connection, own_bao, alice):
-    conn, token = PuppetConnection.create_with_token(owner=alice, name="on-own-bao")
+def test_a_vault_outage_does_not_stop_existing_tokens(own_bao, alice):
+    _, token = PuppetConnection.create_with_token(owner=alice, name="on-own-bao")
     own_bao.stop()
     assert bridge(str(token)).get("/_puppet/runs").status_code == 200
 

@@ -41,9 +41,7 @@ class Conflict(exceptions.APIException):
     default_code = "conflict"
 
 
-def problem(
-    status_code: int, detail: str, code: str, instance: str = "", **extra: Any
-) -> dict[str, Any]:
+def problem(status_code: int, detail: str, code: str, instance: str = "", **extra: Any) -> dict[str, Any]:
     body: dict[str, Any] = {
         "type": f"urn:relay:problem:{code}",
         "title": HTTPStatus(status_code).phrase,
