@@ -150,8 +150,11 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_RENDERER_CLASSES": [
+        "rest_framework.renderers.JSONRenderer",
+        "relay.api.problems.ProblemJSONRenderer",
+    ],
+    "DEFAULT_PARSER_CLASSES": ["relay.api.parsers.BoundedJSONParser"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 100,
     "EXCEPTION_HANDLER": "relay.api.problems.exception_handler",
@@ -199,12 +202,28 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
 CELERY_BEAT_SCHEDULE = {
+    "expire-runs": {
+        "task": "runs.tasks.expire_runs",
+        "schedule": env.float("RUN_EXPIRY_INTERVAL", default=15.0),
+    },
     "reconcile-vault-secrets": {
         "task": "puppet_connection.tasks.reconcile_vault_secrets",
         "schedule": env.float("VAULT_RECONCILE_INTERVAL", default=300.0),
     },
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+
+# Runs (/_puppet/runs). Times in seconds.
+RUN_MAX_HEARTBEAT_INTERVAL = env.int("RUN_MAX_HEARTBEAT_INTERVAL", default=3600)
+RUN_HEARTBEAT_GRACE = env.int("RUN_HEARTBEAT_GRACE", default=60)
+RUN_ACCEPTED_TIMEOUT = env.int("RUN_ACCEPTED_TIMEOUT", default=300)
+RUN_PENDING_TIMEOUT = env.int("RUN_PENDING_TIMEOUT", default=3600)
+RUN_MAX_NODES = env.int("RUN_MAX_NODES", default=10000)
+RUN_RESULTS_MAX_BYTES = env.int("RUN_RESULTS_MAX_BYTES", default=1024 * 1024)
+RUN_LONG_POLL_MAX = 60
+RUNS_NOTIFY_CHANNEL = "relay_runs"
+# Largest JSON request body any API view parses; larger is a 413 before it is read.
+API_MAX_BODY_BYTES = env.int("API_MAX_BODY_BYTES", default=2 * 1024 * 1024)
 
 # How often "last used" may be written for one token.
 TOKEN_LAST_USED_RESOLUTION = 60

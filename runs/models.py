@@ -1,1 +1,329 @@
-# Runs arrive with the runs issue (/_puppet/runs); the connection check below needs none yet.
+"""Puppet runs that a workflow step asks for and a bridge works.
+
+pending ──accept──▶ accepted ──▶ in-progress (heartbeats) ──▶ complete
+   └───────────── cancel or expiry ─────────────────────────────▲
+
+Every change of status is a compare-and-set UPDATE that names the status it leaves, so two
+racing clients can never both win; each is recorded as a RunTransition.
+"""
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection as db_connection
+from django.db import models, transaction
+from django.utils import timezone
+
+from puppet_connection.models import PuppetConnection
+
+
+class Status(models.TextChoices):
+    PENDING = "pending"
+    ACCEPTED = "accepted"
+    IN_PROGRESS = "in-progress"
+    COMPLETE = "complete"
+
+
+OPEN_STATES = (Status.PENDING, Status.ACCEPTED, Status.IN_PROGRESS)
+HELD_STATES = (Status.ACCEPTED, Status.IN_PROGRESS)  # a bridge holds the lease
+
+
+class Outcome(models.TextChoices):
+    FINISHED = "finished"
+    FAILED = "failed"
+    ERROR = "error"
+    SUCCESS = "success"  # plans
+    FAILURE = "failure"  # plans
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed-out"
+
+
+# What a bridge may report; `cancelled` only after a cancel was requested.
+CLIENT_OUTCOMES = [o.value for o in Outcome if o != Outcome.TIMED_OUT]
+
+
+class RunType(models.TextChoices):
+    RUN = "run"
+    TASK_RUN = "task-run"
+    PLAN_RUN = "plan-run"
+
+
+class Conflict(Exception):
+    """The request does not fit the run's current state; the message says why."""
+
+
+class Run(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    connection = models.ForeignKey(PuppetConnection, on_delete=models.CASCADE, related_name="runs")
+    type = models.CharField(max_length=16, choices=RunType.choices, default=RunType.RUN)
+    environment = models.CharField(max_length=255, blank=True)
+    scope = models.JSONField(default=dict, blank=True)
+    noop = models.BooleanField(default=False)
+    no_noop = models.BooleanField(default=False)
+    debug = models.BooleanField(default=False)
+    trace = models.BooleanField(default=False)
+    evaltrace = models.BooleanField(default=False)
+    name = models.CharField(max_length=255, blank=True)  # task or plan
+    params = models.JSONField(null=True, blank=True)  # task or plan
+    targets = models.JSONField(null=True, blank=True)  # task
+
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    lease_id = models.UUIDField(null=True, blank=True)
+    job_id = models.CharField(max_length=255, blank=True)
+    next_update_before = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=16, choices=Outcome.choices, blank=True)
+    run_results = models.JSONField(null=True, blank=True)
+    cancel_requested = models.BooleanField(default=False)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        indexes = [
+            models.Index(fields=["connection", "status", "created_at"]),
+            models.Index(fields=["status", "next_update_before"]),
+            models.Index(fields=["status", "updated_at"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.type} {self.id}"
+
+    @classmethod
+    def create_for(cls, connection: PuppetConnection, fields: dict[str, Any]) -> "Run":
+        with transaction.atomic():
+            run = cls.objects.create(connection=connection, **fields)
+            notify_new_run(connection.pk)
+        return run
+
+    def to_dict(self) -> dict[str, Any]:
+        """The run as the API shows it, with the fields of its type only."""
+        doc: dict[str, Any] = {
+            "id": str(self.id),
+            "type": self.type,
+            "state": self.state,
+            "environment": self.environment or None,
+            "noop": self.noop,
+            "no_noop": self.no_noop,
+            "debug": self.debug,
+            "trace": self.trace,
+            "evaltrace": self.evaltrace,
+            "created_at": _iso(self.created_at),
+        }
+        if self.type == RunType.RUN:
+            doc["scope"] = self.scope
+        else:
+            doc.update(name=self.name, params=self.params)
+            if self.type == RunType.TASK_RUN:
+                doc["targets"] = self.targets
+        return doc
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """The state document of the RFC: what GET shows and every state PUT answers.
+        Empty values are left out, as the shipped bridge expects."""
+        state: dict[str, Any] = {"status": self.status, "updated_at": _iso(self.updated_at)}
+        if self.outcome:
+            state["outcome"] = self.outcome
+        if self.run_results is not None:
+            state["run_results"] = self.run_results
+        if self.job_id:
+            state["job_id"] = self.job_id
+        if self.next_update_before and self.status == Status.IN_PROGRESS:
+            state["next_update_before"] = _iso(self.next_update_before)
+        if self.cancel_requested:
+            state["cancel_requested"] = True
+        return state
+
+    def _transition(
+        self,
+        old: str,
+        changes: dict[str, Any],
+        token_prefix: str,
+        now: datetime,
+        note: str = "",
+        still: models.Q | None = None,
+    ) -> bool:
+        """Compare-and-set from status `old` (and the condition `still`, re-checked in the same
+        UPDATE); records the transition when it wins."""
+        with transaction.atomic():
+            won = Run.objects.filter(still or models.Q(), pk=self.pk, status=old).update(
+                updated_at=now, **changes
+            )
+            if won:
+                RunTransition.objects.create(
+                    run_id=self.pk,
+                    at=now,
+                    from_status=old,
+                    to_status=changes.get("status", old),
+                    token_prefix=token_prefix,
+                    note=note,
+                )
+        if won:
+            for field, value in {"updated_at": now, **changes}.items():
+                setattr(self, field, value)
+        return bool(won)
+
+    def accept(self, lease_id: uuid.UUID | None, token_prefix: str) -> uuid.UUID:
+        """Take the run, exactly once. Returns the lease id.
+
+        Repeating the accept with the lease id that won is answered as a success, so a client
+        whose first answer was lost does not take its own accept for someone else's."""
+        lease = lease_id or uuid.uuid4()
+        if self._transition(
+            Status.PENDING, {"status": Status.ACCEPTED, "lease_id": lease}, token_prefix, timezone.now()
+        ):
+            return lease
+        self.refresh_from_db()
+        if lease_id is not None and self.lease_id == lease_id and self.status in HELD_STATES:
+            return lease_id
+        raise Conflict(f"The run is {self.status}; it was accepted already.")
+
+    def update_state(self, data: dict[str, Any], token_prefix: str, now: datetime | None = None) -> None:
+        """Apply a bridge's state PUT (validated by StateSerializer). Raises Conflict."""
+        now = now or timezone.now()
+        with transaction.atomic():
+            run = Run.objects.select_for_update().get(pk=self.pk)
+            run._apply_state(data, token_prefix, now)
+        self.__dict__.update({k: v for k, v in run.__dict__.items() if not k.startswith("_")})
+
+    def _apply_state(self, data: dict[str, Any], token_prefix: str, now: datetime) -> None:
+        status = data["status"]
+        if self.status == Status.PENDING:
+            raise Conflict("The run has not been accepted; accept it before reporting its state.")
+        lease_id = data.get("lease_id")
+        if lease_id is not None and lease_id != self.lease_id:
+            raise Conflict("The lease id does not match: another bridge holds this run.")
+        if self.status == Status.COMPLETE:
+            if status == Status.COMPLETE and self._same_completion(data):
+                return  # a repeated final PUT (its answer was lost): same answer again
+            raise Conflict(f"The run is complete ({self.outcome}); its state cannot change.")
+
+        changes: dict[str, Any] = {}
+        if data.get("job_id"):
+            changes["job_id"] = data["job_id"]
+        if status == Status.IN_PROGRESS:
+            changes.update(status=Status.IN_PROGRESS, next_update_before=data["next_update_before"])
+        elif status == Status.COMPLETE:
+            outcome = data.get("outcome") or Outcome.FINISHED
+            if outcome == Outcome.CANCELLED and not self.cancel_requested:
+                raise Conflict("Outcome 'cancelled' is only for runs whose cancel was requested.")
+            changes.update(status=Status.COMPLETE, outcome=outcome, run_results=data.get("run_results"))
+        # `pending` or `accepted` after the accept: a plain heartbeat (the shipped agent
+        # sends `pending` once right after accepting).
+
+        old = self.status
+        changes["updated_at"] = now
+        Run.objects.filter(pk=self.pk).update(**changes)
+        for field, value in changes.items():
+            setattr(self, field, value)
+        if self.status != old:
+            RunTransition.objects.create(
+                run_id=self.pk, at=now, from_status=old, to_status=self.status, token_prefix=token_prefix
+            )
+
+    def _same_completion(self, data: dict[str, Any]) -> bool:
+        return (
+            (data.get("outcome") or Outcome.FINISHED) == self.outcome
+            and data.get("run_results") == self.run_results
+            and (not data.get("job_id") or data["job_id"] == self.job_id)
+        )
+
+    def cancel(self, token_prefix: str) -> None:
+        """A pending run completes `cancelled` at once; a held run is asked to stop (its
+        bridge sees cancel_requested in every state answer). Raises Conflict when complete."""
+        now = timezone.now()
+        changes = {"status": Status.COMPLETE, "outcome": Outcome.CANCELLED}
+        if self._transition(Status.PENDING, changes, token_prefix, now, note="cancelled before accept"):
+            return
+        # Lost to an accept, or held already: ask the bridge.
+        for held in HELD_STATES:
+            if Run.objects.filter(pk=self.pk, status=held).update(cancel_requested=True, updated_at=now):
+                RunTransition.objects.create(
+                    run_id=self.pk,
+                    at=now,
+                    from_status=held,
+                    to_status=held,
+                    token_prefix=token_prefix,
+                    note="cancel requested",
+                )
+                self.refresh_from_db()
+                return
+        self.refresh_from_db()
+        if self.outcome != Outcome.CANCELLED:
+            raise Conflict(f"The run is complete ({self.outcome}); there is nothing to cancel.")
+
+
+class RunTransition(models.Model):
+    """When a run changed status, from what to what, and by which token (its visible prefix;
+    `system` for expiry, `staff:<user>` for the admin)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="transitions")
+    at = models.DateTimeField()
+    from_status = models.CharField(max_length=16, choices=Status.choices)
+    to_status = models.CharField(max_length=16, choices=Status.choices)
+    token_prefix = models.CharField(max_length=64)
+    note = models.CharField(max_length=255, blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.from_status} → {self.to_status}"
+
+
+def _iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def notify_new_run(connection_id: uuid.UUID) -> None:
+    """Wake bridges long-polling for this connection (runs.notify). On PostgreSQL, NOTIFY
+    inside the transaction is delivered only when it commits, so a waiter never looks for a
+    run that is not visible yet."""
+    if db_connection.vendor == "postgresql":
+        with db_connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, %s)", [settings.RUNS_NOTIFY_CHANNEL, str(connection_id)])
+
+
+def expire_runs(now: datetime) -> int:
+    """Complete, with outcome `timed-out`, the runs nobody looks after any more:
+    held runs whose heartbeat is overdue by RUN_HEARTBEAT_GRACE, accepted runs that never
+    started within RUN_ACCEPTED_TIMEOUT, and pending runs nobody accepted within
+    RUN_PENDING_TIMEOUT. Returns how many it completed."""
+    grace = timedelta(seconds=settings.RUN_HEARTBEAT_GRACE)
+    rules = [
+        (
+            Status.IN_PROGRESS,
+            models.Q(next_update_before__lt=now - grace),
+            "No heartbeat from the bridge: its next update was due before {due}.",
+        ),
+        (
+            Status.ACCEPTED,
+            models.Q(updated_at__lt=now - timedelta(seconds=settings.RUN_ACCEPTED_TIMEOUT)),
+            "Accepted, but the bridge never reported the run in progress (last heard {last}).",
+        ),
+        (
+            Status.PENDING,
+            models.Q(created_at__lt=now - timedelta(seconds=settings.RUN_PENDING_TIMEOUT)),
+            "No bridge accepted the run within {pending_timeout} seconds.",
+        ),
+    ]
+    expired = 0
+    for status, overdue, reason in rules:
+        for run in Run.objects.filter(overdue, status=status).only(
+            "id", "status", "next_update_before", "updated_at"
+        )[:1000]:
+            message = reason.format(
+                due=_iso(run.next_update_before) if run.next_update_before else "",
+                last=_iso(run.updated_at),
+                pending_timeout=settings.RUN_PENDING_TIMEOUT,
+            )
+            changes = {
+                "status": Status.COMPLETE,
+                "outcome": Outcome.TIMED_OUT,
+                "run_results": {"reason": message},
+            }
+            # `overdue` again in the UPDATE: a heartbeat may have arrived since the SELECT.
+            expired += run._transition(status, changes, "system", now, note="expired", still=overdue)
+    return expired

@@ -71,4 +71,15 @@ class HolderTokenAuthentication(BaseAuthentication):
 
 
 class ConnectionTokenAuthentication(HolderTokenAuthentication):
+    """Also records what the bridge says it runs on: `X-Relay-Platform: pe|oss` and
+    `X-Relay-Backend: orchestrator|bolt|ssh`, sent by the bridge on every call."""
+
     holder_model_label = "puppet_connection.PuppetConnection"
+
+    def authenticate(self, request: Request) -> tuple[object, TokenHolder] | None:
+        result = super().authenticate(request)
+        if result is not None:
+            result[1].note_bridge(
+                request.META.get("HTTP_X_RELAY_PLATFORM", ""), request.META.get("HTTP_X_RELAY_BACKEND", "")
+            )
+        return result

@@ -1,5 +1,12 @@
-from django.urls import path
+from django.urls import path, re_path
 
-from runs.api.views import RunListView
+from runs.api.views import RunViewSet
 
-urlpatterns = [path("runs", RunListView.as_view(), name="run-list")]
+# The RFC's paths have no trailing slash; one is tolerated.
+urlpatterns = [
+    re_path(r"^runs/?$", RunViewSet.as_view({"get": "list", "post": "create"}), name="run-list"),
+    path("runs/<uuid:pk>", RunViewSet.as_view({"get": "retrieve"}), name="run-detail"),
+    path("runs/<uuid:pk>/accept", RunViewSet.as_view({"post": "accept"}), name="run-accept"),
+    path("runs/<uuid:pk>/state", RunViewSet.as_view({"put": "state"}), name="run-state"),
+    path("runs/<uuid:pk>/cancel", RunViewSet.as_view({"post": "cancel"}), name="run-cancel"),
+]

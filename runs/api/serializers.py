@@ -1,0 +1,154 @@
+"""What the runs API accepts. Unknown fields: rejected when creating a run (a misspelt
+`noop` must not turn a dry run into a real one); ignored in state PUTs, because the shipped
+bridge echoes fields such as `updated_at` back."""
+
+import json
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.core.validators import RegexValidator
+from django.utils import timezone
+from rest_framework import serializers
+
+from puppet_connection.models import Platform
+from relay.api.parsers import PayloadTooLarge
+from relay.api.serializers import JSONObjectField, RejectUnknownFields, StrictBooleanField, StrictCharField
+from runs.models import CLIENT_OUTCOMES, RunType, Status
+
+# Puppet certnames: lowercase letters, digits, '.', '_' and '-'.
+certname = RegexValidator(
+    r"^[a-z0-9][a-z0-9._-]*$", "Not a valid certname (lowercase letters, digits, '.', '_', '-')."
+)
+# Puppet environment names: lowercase letters, digits and underscores.
+environment_name = RegexValidator(
+    r"^[a-z0-9_]+$", "Not a valid environment name (lowercase letters, digits, '_')."
+)
+RESERVED_ENVIRONMENTS = {"main", "master", "agent", "user"}
+# Task and plan names: `module` or `module::name`.
+task_name = RegexValidator(r"^[a-z][a-z0-9_]*(::[a-z][a-z0-9_]*)*$", "Not a valid task or plan name.")
+PARAMS_MAX_BYTES = 64 * 1024
+
+
+def certname_list(**kwargs: Any) -> serializers.ListField:
+    return serializers.ListField(
+        child=StrictCharField(max_length=255, validators=[certname]),
+        allow_empty=False,
+        max_length=settings.RUN_MAX_NODES,
+        **kwargs,
+    )
+
+
+def json_size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":")).encode())
+
+
+class ScopeSerializer(RejectUnknownFields, serializers.Serializer):
+    nodes = certname_list(required=False)
+    query = StrictCharField(max_length=10000, required=False)
+    node_group = StrictCharField(max_length=255, required=False)
+    application = StrictCharField(max_length=255, required=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if len(attrs) != 1:
+            raise serializers.ValidationError(
+                "Give exactly one of nodes, query, node_group or application.", "scope"
+            )
+        return attrs
+
+
+class RunCreateSerializer(RejectUnknownFields, serializers.Serializer):
+    type = serializers.ChoiceField(choices=RunType.choices, default=RunType.RUN)
+    environment = StrictCharField(max_length=255, required=False, validators=[environment_name])
+    scope = ScopeSerializer(required=False)
+    noop = StrictBooleanField(default=False)
+    no_noop = StrictBooleanField(default=False)
+    debug = StrictBooleanField(default=False)
+    trace = StrictBooleanField(default=False)
+    evaltrace = StrictBooleanField(default=False)
+    name = StrictCharField(max_length=255, required=False, validators=[task_name])
+    params = JSONObjectField(required=False)
+    targets = certname_list(required=False)
+
+    def validate_environment(self, value: str) -> str:
+        if value in RESERVED_ENVIRONMENTS:
+            raise serializers.ValidationError(f"'{value}' is reserved by Puppet.", "reserved")
+        return value
+
+    def validate_params(self, value: dict) -> dict:
+        if json_size(value) > PARAMS_MAX_BYTES:
+            raise serializers.ValidationError(f"Over {PARAMS_MAX_BYTES} bytes.", "max_length")
+        return value
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        errors: dict[str, str] = {}
+        kind = attrs["type"]
+        if attrs["noop"] and attrs["no_noop"]:
+            errors["no_noop"] = "noop and no_noop cannot both be true."
+        if kind == RunType.RUN:
+            if "scope" not in attrs:
+                errors["scope"] = "A run needs a scope."
+            for field in ("name", "params", "targets"):
+                if field in attrs:
+                    errors[field] = "Only task and plan runs take this."
+        else:
+            if "name" not in attrs:
+                errors["name"] = f"A {kind} needs the name of its {kind.split('-')[0]}."
+            if "scope" in attrs:
+                errors["scope"] = "Task runs take targets and plan runs take none; not a scope."
+            if kind == RunType.TASK_RUN and "targets" not in attrs:
+                errors["targets"] = "A task run needs targets."
+            if kind == RunType.PLAN_RUN and "targets" in attrs:
+                errors["targets"] = "A plan run takes no targets; its plan chooses them."
+            attrs.setdefault("params", {})
+
+        platform = self.context["connection"].platform
+        if platform == Platform.PE and not attrs.get("environment"):
+            errors["environment"] = "This connection's bridge runs Puppet Enterprise: give an environment."
+        if platform == Platform.OSS:
+            if kind != RunType.RUN:
+                errors["type"] = "This connection's bridge runs open source Puppet: only type 'run'."
+            elif "scope" in attrs and "nodes" not in attrs["scope"]:
+                errors["scope"] = "This connection's bridge runs open source Puppet: only the nodes scope."
+        if errors:
+            raise serializers.ValidationError(errors)
+        return attrs
+
+
+class AcceptSerializer(serializers.Serializer):
+    lease_id = serializers.UUIDField(required=False)
+
+
+class StateSerializer(serializers.Serializer):
+    status = serializers.ChoiceField(choices=Status.choices)
+    next_update_before = serializers.DateTimeField(required=False)
+    job_id = StrictCharField(max_length=255, required=False, allow_blank=True, allow_null=True)
+    outcome = serializers.ChoiceField(choices=CLIENT_OUTCOMES, required=False, allow_null=True)
+    run_results = serializers.JSONField(required=False, allow_null=True)
+    lease_id = serializers.UUIDField(required=False, allow_null=True)
+
+    def validate_run_results(self, value: Any) -> Any:
+        if json_size(value) > settings.RUN_RESULTS_MAX_BYTES:
+            raise PayloadTooLarge(f"run_results is over {settings.RUN_RESULTS_MAX_BYTES} bytes.")
+        return value
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        status = attrs["status"]
+        if status == Status.IN_PROGRESS:
+            due = attrs.get("next_update_before")
+            if due is None:
+                raise serializers.ValidationError(
+                    {"next_update_before": "In progress needs the time of the next update."}
+                )
+            now = timezone.now()
+            if due <= now:
+                raise serializers.ValidationError({"next_update_before": "Must be in the future."})
+            if due > now + timedelta(seconds=settings.RUN_MAX_HEARTBEAT_INTERVAL):
+                raise serializers.ValidationError(
+                    {"next_update_before": f"At most {settings.RUN_MAX_HEARTBEAT_INTERVAL} seconds ahead."}
+                )
+        if status != Status.COMPLETE:
+            for field in ("outcome", "run_results"):
+                if attrs.get(field) is not None:
+                    raise serializers.ValidationError({field: "Only a complete state has this."})
+        return attrs

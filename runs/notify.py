@@ -1,0 +1,109 @@
+"""Wake long-polling bridges when a run is created for their connection.
+
+One background thread per web process holds a PostgreSQL connection that LISTENs on
+RUNS_NOTIFY_CHANNEL; runs.models.notify_new_run() NOTIFYs with the connection id inside the
+creating transaction, so the wake-up arrives only once the run is visible. Waiting requests
+register an Event per connection id and sleep on it: no database polling while they wait.
+
+Without PostgreSQL (the SQLite default of `make run`) there is no LISTEN: waiters then look
+again every SQLITE_RECHECK seconds, which is fine for one machine.
+"""
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import psycopg
+from django.conf import settings
+from django.db import connection as db_connection
+
+log = logging.getLogger(__name__)
+SQLITE_RECHECK = 0.5
+
+
+class Listener:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiters: dict[str, set[threading.Event]] = defaultdict(set)
+        self._listening = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _ensure_started(self) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                params = db_connection.get_connection_params()
+                params.pop("cursor_factory", None)
+                params.pop("context", None)
+                self._thread = threading.Thread(
+                    target=self._run, args=(params,), name="runs-listener", daemon=True
+                )
+                self._thread.start()
+        # A waiter must not look for runs before LISTEN is in place, or it could miss one.
+        self._listening.wait(timeout=5)
+
+    def _run(self, params: dict) -> None:
+        while True:
+            try:
+                with psycopg.connect(**params, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {settings.RUNS_NOTIFY_CHANNEL}")
+                    self._listening.set()
+                    self._wake_all()  # anything sent while we were reconnecting
+                    for notice in conn.notifies():
+                        self._wake(notice.payload)
+            except psycopg.Error as exc:
+                self._listening.clear()
+                log.warning("runs listener lost its database connection (%s); reconnecting", exc)
+                self._wake_all()  # waiters look again themselves
+                time.sleep(1)
+
+    def _wake(self, key: str) -> None:
+        with self._lock:
+            for event in self._waiters.get(key, ()):
+                event.set()
+
+    def _wake_all(self) -> None:
+        with self._lock:
+            for events in self._waiters.values():
+                for event in events:
+                    event.set()
+
+    @contextmanager
+    def subscribe(self, key: str) -> Iterator[threading.Event]:
+        """An Event set when a run is created for `key` (a connection id). Subscribe first,
+        then look for runs, then wait: nothing created in between is missed."""
+        event = threading.Event()
+        self._ensure_started()
+        with self._lock:
+            self._waiters[key].add(event)
+        try:
+            yield event
+        finally:
+            with self._lock:
+                self._waiters[key].discard(event)
+                if not self._waiters[key]:
+                    del self._waiters[key]
+
+
+listener = Listener()
+
+
+def wait_for_runs(key: str, seconds: float, look: Callable[[], bool]) -> bool:
+    """Call look() until it is true or `seconds` pass, waking on notifications for `key`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if db_connection.vendor != "postgresql":
+            found = look()
+            remaining = deadline - time.monotonic()
+            if found or remaining <= 0:
+                return found
+            time.sleep(min(remaining, SQLITE_RECHECK))
+            continue
+        with listener.subscribe(key) as event:
+            found = look()
+            remaining = deadline - time.monotonic()
+            if found or remaining <= 0:
+                return found
+            event.wait(remaining)

@@ -1,0 +1,293 @@
+import uuid
+
+import pytest
+
+from puppet_connection.models import PuppetConnection
+from runs.models import Run, RunTransition
+from tests.conftest import bridge
+from tests.runs_helpers import RUNS, accept, create_run, put_state, soon
+from tests.test_connection_api import assert_problem
+
+
+@pytest.fixture
+def token(connection) -> str:
+    return connection[1]
+
+
+def test_create_answers_201_with_the_whole_run(token):
+    body = {
+        "environment": "staging",
+        "scope": {"nodes": ["node-a.example.com", "node-b.example.com"]},
+        "noop": True,
+        "debug": True,
+        "trace": False,
+        "evaltrace": True,
+    }
+    run = create_run(token, body)
+    uuid.UUID(run["id"])
+    assert run["type"] == "run"
+    assert run["state"]["status"] == "pending" and run["state"]["updated_at"].endswith("Z")
+    assert set(run["state"]) == {"status", "updated_at"}
+    assert {k: run[k] for k in body} == body
+    assert run["no_noop"] is False
+    assert bridge(token).get(f"{RUNS}/{run['id']}").json() == run
+
+
+def test_task_and_plan_runs_carry_their_fields(token):
+    task = create_run(token, {"type": "task-run", "name": "package::install", "params": {"name": "vim"},
+                              "targets": ["web1.example.com"], "environment": "production"})
+    assert (task["name"], task["params"], task["targets"]) == ("package::install", {"name": "vim"}, ["web1.example.com"])
+    assert "scope" not in task
+    plan = create_run(token, {"type": "plan-run", "name": "deploy::app", "environment": "production"})
+    assert (plan["name"], plan["params"]) == ("deploy::app", {})
+    assert "targets" not in plan and "scope" not in plan
+
+
+def test_the_list_holds_open_runs_oldest_first_and_filters_by_status(token):
+    first, second, third = (create_run(token) for _ in range(3))
+    assert accept(token, second["id"]).status_code == 202
+    assert put_state(token, third["id"], {"status": "complete"}).status_code == 409  # not accepted
+    accept(token, third["id"])
+    put_state(token, third["id"], {"status": "complete", "outcome": "failed"})
+
+    listed = bridge(token).get(RUNS).json()
+    assert [r["id"] for r in listed["runs"]] == [first["id"], second["id"]]
+    assert listed["next"] is None
+    pending = bridge(token).get(RUNS, {"status": "pending"}).json()["runs"]
+    assert [r["id"] for r in pending] == [first["id"]]
+    assert_problem(bridge(token).get(RUNS, {"status": "complete"}), 400)
+    assert_problem(bridge(token).get(RUNS, {"status": "nonsense"}), 400)
+
+
+def test_cursor_pagination_keeps_the_runs_key(token):
+    ids = [create_run(token)["id"] for _ in range(5)]
+    seen, url = [], f"{RUNS}?limit=2"
+    while url:
+        page = bridge(token).get(url).json()
+        assert set(page) == {"runs", "next"} and len(page["runs"]) <= 2
+        seen += [r["id"] for r in page["runs"]]
+        url = page["next"]
+    assert seen == ids
+
+
+def test_a_connection_never_sees_another_connections_runs(token, alice):
+    other, other_token = PuppetConnection.create_with_token(owner=alice, name="other")
+    run = create_run(token)
+    client = bridge(str(other_token))
+    assert client.get(RUNS).json()["runs"] == []
+    for response in (
+        client.get(f"{RUNS}/{run['id']}"),
+        client.post(f"{RUNS}/{run['id']}/accept"),
+        client.put(f"{RUNS}/{run['id']}/state", {"status": "pending"}, format="json"),
+        client.post(f"{RUNS}/{run['id']}/cancel"),
+    ):
+        assert_problem(response, 404)
+    assert Run.objects.get(pk=run["id"]).status == "pending"
+
+
+@pytest.mark.parametrize(
+    ("body", "pointer"),
+    [
+        ({}, "#/scope"),
+        ({"scope": {}}, "#/scope"),
+        ({"scope": {"nodes": ["a"], "query": "nodes {}"}}, "#/scope"),
+        ({"scope": {"nodes": []}}, "#/scope/nodes"),
+        ({"scope": {"nodes": "node-a"}}, "#/scope/nodes"),
+        ({"scope": {"nodes": ["Not A Certname!"]}}, "#/scope/nodes/0"),
+        ({"scope": {"nodes": [7]}}, "#/scope/nodes/0"),
+        ({"scope": {"hosts": ["a"]}}, "#/scope/hosts"),
+        ({"scope": ["a"]}, "#/scope"),
+        ({"scope": {"nodes": ["a"]}, "environment": "Bad-Env"}, "#/environment"),
+        ({"scope": {"nodes": ["a"]}, "environment": "main"}, "#/environment"),
+        ({"scope": {"nodes": ["a"]}, "noop": True, "no_noop": True}, "#/no_noop"),
+        ({"scope": {"nodes": ["a"]}, "noop": "yes"}, "#/noop"),
+        ({"scope": {"nodes": ["a"]}, "noopp": True}, "#/noopp"),
+        ({"scope": {"nodes": ["a"]}, "type": "reboot"}, "#/type"),
+        ({"type": "task-run", "targets": ["a"]}, "#/name"),
+        ({"type": "task-run", "name": "x"}, "#/targets"),
+        ({"type": "task-run", "name": "Bad Name", "targets": ["a"]}, "#/name"),
+        ({"type": "task-run", "name": "x", "targets": ["a"], "params": [1]}, "#/params"),
+        ({"type": "plan-run", "name": "x", "scope": {"nodes": ["a"]}}, "#/scope"),
+        ({"type": "plan-run", "name": "x", "targets": ["a"]}, "#/targets"),
+        ({"scope": {"nodes": ["a"]}, "name": "x"}, "#/name"),
+    ],
+)
+def test_invalid_runs_are_400_with_field_paths(token, body, pointer):
+    problem = assert_problem(bridge(token).post(RUNS, body, format="json"), 400)
+    pointers = [e["pointer"] for e in problem["errors"]]
+    assert any(p == pointer or p.startswith(pointer) for p in pointers), pointers
+    assert Run.objects.count() == 0
+
+
+def test_the_node_count_is_bounded(token, settings):
+    most = [f"n{i}.example.com" for i in range(settings.RUN_MAX_NODES)]
+    assert len(create_run(token, {"scope": {"nodes": most}})["scope"]["nodes"]) == settings.RUN_MAX_NODES
+    too_many = {"scope": {"nodes": [*most, "one-more.example.com"]}}
+    problem = assert_problem(bridge(token).post(RUNS, too_many, format="json"), 400)
+    assert problem["errors"][0]["pointer"] == "#/scope/nodes"
+
+
+def test_bad_bodies_are_4xx_problems(token, settings):
+    client = bridge(token)
+    assert_problem(client.post(RUNS, "{oops", content_type="application/json"), 400)
+    assert_problem(client.post(RUNS, "[]", content_type="application/json"), 400)
+    assert_problem(client.post(RUNS, '{"noop": NaN}', content_type="application/json"), 400)
+    assert_problem(client.post(RUNS, b"\xff\xfe", content_type="application/json"), 400)
+    assert_problem(client.post(RUNS, "scope=x", content_type="text/plain"), 415)
+    settings.API_MAX_BODY_BYTES = 100
+    assert_problem(client.post(RUNS, {"scope": {"nodes": ["a" * 200]}}, format="json"), 413)
+    assert_problem(client.get(f"{RUNS}/not-a-uuid"), 404)
+    assert_problem(client.get(f"{RUNS}/{uuid.uuid4()}"), 404)
+    assert_problem(client.delete(RUNS), 405)
+    assert_problem(bridge("rlyp_bad").get(RUNS), 401)
+
+
+def test_pe_needs_an_environment_and_open_source_only_runs_on_nodes(token, connection):
+    conn, _ = connection
+    pe = bridge(token)
+    pe.credentials(HTTP_AUTHORIZATION=f"Bearer {token}", HTTP_X_RELAY_PLATFORM="pe", HTTP_X_RELAY_BACKEND="orchestrator")
+    problem = assert_problem(pe.post(RUNS, {"scope": {"query": "nodes {}"}}, format="json"), 400)
+    assert problem["errors"][0]["pointer"] == "#/environment"
+    conn.refresh_from_db()
+    assert (conn.platform, conn.bridge_backend) == ("pe", "orchestrator")
+    assert pe.post(RUNS, {"scope": {"query": "nodes {}"}, "environment": "production"}, format="json").status_code == 201
+
+    oss = bridge(token)
+    oss.credentials(HTTP_AUTHORIZATION=f"Bearer {token}", HTTP_X_RELAY_PLATFORM="oss", HTTP_X_RELAY_BACKEND="ssh")
+    problem = assert_problem(oss.post(RUNS, {"scope": {"node_group": "abc"}}, format="json"), 400)
+    assert problem["errors"][0]["pointer"] == "#/scope"
+    problem = assert_problem(oss.post(RUNS, {"type": "plan-run", "name": "x"}, format="json"), 400)
+    assert problem["errors"][0]["pointer"] == "#/type"
+    assert oss.post(RUNS, {"scope": {"nodes": ["a"]}}, format="json").status_code == 201
+
+
+def test_while_the_platform_is_unknown_any_scope_is_accepted(token):
+    assert create_run(token, {"scope": {"application": "App[x]"}})["scope"] == {"application": "App[x]"}
+
+
+def test_the_state_machine_from_pending_to_complete(token, connection):
+    run = create_run(token)
+    path = run["id"]
+    assert_problem(put_state(token, path, {"status": "in-progress", "next_update_before": soon()}), 409)
+
+    accepted = accept(token, path)
+    assert accepted.status_code == 202
+    lease = accepted.json()["lease_id"]
+    assert accepted.json()["state"]["status"] == "accepted"
+    assert_problem(accept(token, path), 409)
+
+    beat = put_state(token, path, {"status": "pending"})  # the shipped agent's first PUT
+    assert beat.status_code == 202 and beat.json()["status"] == "accepted"
+
+    due = soon(45)
+    progress = put_state(token, path, {"status": "in-progress", "job_id": "81", "next_update_before": due,
+                                       "updated_at": "1999-01-01T00:00:00Z"})
+    assert progress.status_code == 202
+    state = progress.json()
+    assert state["status"] == "in-progress" and state["job_id"] == "81"
+    assert state["updated_at"] != "1999-01-01T00:00:00Z"  # the server stamps its own
+    assert state["next_update_before"].startswith(due[:19])
+
+    later = put_state(token, path, {"status": "in-progress", "next_update_before": soon(50)})
+    assert later.status_code == 202 and later.json()["job_id"] == "81"
+
+    results = {"items": [{"name": "node-a.example.com", "state": "finished"}]}
+    done = put_state(token, path, {"status": "complete", "outcome": "finished", "run_results": results, "lease_id": lease})
+    assert done.status_code == 202
+    assert done.json()["status"] == "complete" and done.json()["run_results"] == results
+    again = put_state(token, path, {"status": "complete", "outcome": "finished", "run_results": results})
+    assert again.status_code == 202 and again.json() == done.json()
+    assert_problem(put_state(token, path, {"status": "complete", "outcome": "failed"}), 409)
+    assert_problem(put_state(token, path, {"status": "in-progress", "next_update_before": soon()}), 409)
+
+    transitions = list(RunTransition.objects.filter(run_id=path).values_list("from_status", "to_status", "token_prefix"))
+    prefix = connection[0].token_prefix
+    assert transitions == [
+        ("pending", "accepted", prefix),
+        ("accepted", "in-progress", prefix),
+        ("in-progress", "complete", prefix),
+    ]
+
+
+def test_complete_defaults_to_finished(token):
+    run = create_run(token)
+    accept(token, run["id"])
+    assert put_state(token, run["id"], {"status": "complete"}).json()["outcome"] == "finished"
+
+
+@pytest.mark.parametrize(
+    ("state", "code"),
+    [
+        ({"status": "in-progress"}, 400),
+        ({"status": "in-progress", "next_update_before": "2000-01-01T00:00:00Z"}, 400),
+        ({"status": "in-progress", "next_update_before": "not a time"}, 400),
+        ({"status": "in-progress", "next_update_before": "2999-01-01T00:00:00Z"}, 400),
+        ({"status": "done"}, 400),
+        ({"status": "complete", "outcome": "great"}, 400),
+        ({"status": "in-progress", "next_update_before": "+45s", "outcome": "failed"}, 400),
+        ({"status": "complete", "outcome": "cancelled"}, 409),
+        ({"status": "complete", "lease_id": "not-a-uuid"}, 400),
+        ({"status": "complete", "lease_id": str(uuid.uuid4())}, 409),
+        ({}, 400),
+    ],
+)
+def test_bad_state_puts_are_4xx(token, state, code):
+    run = create_run(token)
+    accept(token, run["id"])
+    assert_problem(put_state(token, run["id"], state), code)
+    assert Run.objects.get(pk=run["id"]).status == "accepted"
+
+
+def test_a_state_put_that_is_not_an_object_is_400(token):
+    run = create_run(token)
+    accept(token, run["id"])
+    assert_problem(bridge(token).put(f"{RUNS}/{run['id']}/state", "[]", content_type="application/json"), 400)
+
+
+def test_run_results_over_the_cap_are_413(token, settings):
+    settings.RUN_RESULTS_MAX_BYTES = 1000
+    run = create_run(token)
+    accept(token, run["id"])
+    big = {"items": ["x" * 2000]}
+    assert_problem(put_state(token, run["id"], {"status": "complete", "run_results": big}), 413)
+    assert Run.objects.get(pk=run["id"]).status == "accepted"
+
+
+def test_lease_fencing(token):
+    run = create_run(token)
+    mine = str(uuid.uuid4())
+    first = accept(token, run["id"], lease_id=mine)
+    assert first.status_code == 202 and first.json()["lease_id"] == mine
+    # The answer was lost; the same bridge asks again with the same lease: still its run.
+    assert accept(token, run["id"], lease_id=mine).status_code == 202
+    assert_problem(accept(token, run["id"], lease_id=str(uuid.uuid4())), 409)
+    assert_problem(put_state(token, run["id"], {"status": "pending", "lease_id": str(uuid.uuid4())}), 409)
+    assert put_state(token, run["id"], {"status": "pending", "lease_id": mine}).status_code == 202
+    assert put_state(token, run["id"], {"status": "pending"}).status_code == 202  # old clients: no lease
+
+
+def test_cancel_a_pending_run_completes_it(token):
+    run = create_run(token)
+    cancelled = bridge(token).post(f"{RUNS}/{run['id']}/cancel")
+    assert cancelled.status_code == 202
+    assert cancelled.json()["state"]["status"] == "complete" and cancelled.json()["state"]["outcome"] == "cancelled"
+    assert bridge(token).post(f"{RUNS}/{run['id']}/cancel").status_code == 202  # idempotent
+    assert_problem(accept(token, run["id"]), 409)
+
+
+def test_cancel_a_held_run_asks_the_bridge_in_every_answer(token):
+    run = create_run(token)
+    accept(token, run["id"])
+    put_state(token, run["id"], {"status": "in-progress", "next_update_before": soon()})
+    assert bridge(token).post(f"{RUNS}/{run['id']}/cancel").json()["state"]["cancel_requested"] is True
+    beat = put_state(token, run["id"], {"status": "in-progress", "next_update_before": soon()})
+    assert beat.json()["cancel_requested"] is True and beat.json()["status"] == "in-progress"
+    done = put_state(token, run["id"], {"status": "complete", "outcome": "cancelled"})
+    assert done.status_code == 202 and done.json()["outcome"] == "cancelled"
+
+
+def test_cancel_a_finished_run_is_409(token):
+    run = create_run(token)
+    accept(token, run["id"])
+    put_state(token, run["id"], {"status": "complete"})
+    assert_problem(bridge(token).post(f"{RUNS}/{run['id']}/cancel"), 409)
