@@ -29,6 +29,7 @@ class Listener:
         self._lock = threading.Lock()
         self._waiters: dict[str, set[threading.Event]] = defaultdict(set)
         self._listening = threading.Event()
+        self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
     def _ensure_started(self) -> None:
@@ -44,15 +45,25 @@ class Listener:
         # A waiter must not look for runs before LISTEN is in place, or it could miss one.
         self._listening.wait(timeout=5)
 
+    def stop(self) -> None:
+        """End the thread and its database connection (tests; process exit does it anyway)."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._thread = None
+        self._listening.clear()
+        self._stopping.clear()
+
     def _run(self, params: dict) -> None:
-        while True:
+        while not self._stopping.is_set():
             try:
                 with psycopg.connect(**params, autocommit=True) as conn:
                     conn.execute(f"LISTEN {settings.RUNS_NOTIFY_CHANNEL}")
                     self._listening.set()
                     self._wake_all()  # anything sent while we were reconnecting
-                    for notice in conn.notifies():
-                        self._wake(notice.payload)
+                    while not self._stopping.is_set():
+                        for notice in conn.notifies(timeout=1.0):
+                            self._wake(notice.payload)
             except psycopg.Error as exc:
                 self._listening.clear()
                 log.warning("runs listener lost its database connection (%s); reconnecting", exc)

@@ -27,6 +27,16 @@ def bao() -> Iterator[BaoDevServer]:
     server.stop()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def stop_runs_listener(django_db_setup) -> Iterator[None]:
+    # Torn down before django_db_setup (which it depends on): the listener's connection
+    # would otherwise keep the test database from being dropped.
+    yield
+    from runs.notify import listener
+
+    listener.stop()
+
+
 @pytest.fixture(autouse=True)
 def use_session_vault(bao: BaoDevServer) -> Iterator[BaoDevServer]:
     saved = (settings.VAULT_ADDR, settings.VAULT_TOKEN, settings.VAULT_ROLE_ID, settings.VAULT_SECRET_ID)

@@ -18,7 +18,8 @@ from runs.notify import wait_for_runs
 
 
 class RunCursorPagination(CursorPagination):
-    """Oldest first; the page keeps the RFC's `runs` key, with `next` beside it."""
+    """Oldest first. The body stays the RFC's `{"runs": [...]}`; when there is another page,
+    `next` (its URL) stands beside `runs` and in a `Link: <…>; rel="next"` header."""
 
     ordering = ("created_at", "id")
     page_size = 100
@@ -26,7 +27,10 @@ class RunCursorPagination(CursorPagination):
     max_page_size = 500
 
     def get_paginated_response(self, data: list) -> Response:
-        return Response({"runs": data, "next": self.get_next_link()})
+        following = self.get_next_link()
+        if following is None:
+            return Response({"runs": data})
+        return Response({"runs": data, "next": following}, headers={"Link": f'<{following}>; rel="next"'})
 
 
 class RunViewSet(GenericViewSet):
