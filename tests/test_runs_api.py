@@ -86,7 +86,7 @@ def test_cursor_pagination_keeps_the_runs_key(token):
 
 
 def test_a_connection_never_sees_another_connections_runs(token, alice):
-    other, other_token = PuppetConnection.create_with_token(owner=alice, name="other")
+    _, other_token = PuppetConnection.create_with_token(owner=alice, name="other")
     run = create_run(token)
     client = bridge(str(other_token))
     assert client.get(RUNS).json()["runs"] == []

@@ -1,10 +1,10 @@
-from django.urls import path, re_path
+from django.urls import path
 
 from runs.api.views import RunViewSet
 
-# The RFC's paths have no trailing slash; one is tolerated.
+# The RFC's paths, which have no trailing slash.
 urlpatterns = [
-    re_path(r"^runs/?$", RunViewSet.as_view({"get": "list", "post": "create"}), name="run-list"),
+    path("runs", RunViewSet.as_view({"get": "list", "post": "create"}), name="run-list"),
     path("runs/<uuid:pk>", RunViewSet.as_view({"get": "retrieve"}), name="run-detail"),
     path("runs/<uuid:pk>/accept", RunViewSet.as_view({"post": "accept"}), name="run-accept"),
     path("runs/<uuid:pk>/state", RunViewSet.as_view({"put": "state"}), name="run-state"),
