@@ -225,20 +225,8 @@ def main() -> int:
         subprocess.run([*manage, "collectstatic", "--noinput", "-v0"], env=env, check=True)
         stack.start(
             "gunicorn",
-            [
-                str(BIN_DIR / "gunicorn"),
-                "relay.wsgi",
-                "--bind",
-                f"{host}:{port}",
-                "--workers",
-                os.environ.get("WEB_CONCURRENCY", "3"),
-                "--access-logfile",
-                "-",
-                "--graceful-timeout",
-                "10",
-                "--no-control-socket",
-            ],
-            env,
+            [str(BIN_DIR / "gunicorn"), "-c", "python:relay.gunicorn_conf", "relay.wsgi"],
+            {**env, "PORT": str(port), "HOST": host},
         )
         stack.start(
             "celery",

@@ -118,7 +118,10 @@ DATABASES = {
     )
 }
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
-DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# No health check (a SELECT 1 before every request's first query): a connection the
+# database dropped fails that one request with a 503 problem (relay.api.problems), and
+# Django replaces it before the next.
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = False
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -152,7 +155,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": [
         "rest_framework.renderers.JSONRenderer",
-        "relay.api.problems.ProblemJSONRenderer",
+        "relay.api.renderers.ProblemJSONRenderer",
     ],
     "DEFAULT_PARSER_CLASSES": ["relay.api.parsers.BoundedJSONParser"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",

@@ -97,7 +97,8 @@ _DUMMY_DIGEST = "0" * 64
 
 
 class TokenHolder(models.Model):
-    """A row that authenticates requests with a token of kind TOKEN_PREFIX."""
+    """A row that authenticates requests with a token of kind TOKEN_PREFIX. Subclasses have an
+    `owner` (the user the requests act for), loaded with the row in the same query."""
 
     TOKEN_PREFIX: str = ""
 
@@ -128,7 +129,7 @@ class TokenHolder(models.Model):
         parsed = parse(raw, cls.TOKEN_PREFIX)
         if parsed is None:
             return None
-        holder = cls._default_manager.filter(token_lookup=parsed.lookup).first()
+        holder = cls._default_manager.select_related("owner").filter(token_lookup=parsed.lookup).first()
         if holder is None or holder.token_pepper_id not in settings.TOKEN_PEPPERS:
             hmac.compare_digest(digest(raw, current_pepper_id()), _DUMMY_DIGEST)
             return None

@@ -180,13 +180,43 @@ class Run(models.Model):
             return lease_id
         raise Conflict(f"The run is {self.status}; it was accepted already.")
 
-    def update_state(self, data: dict[str, Any], token_prefix: str, now: datetime | None = None) -> None:
-        """Apply a bridge's state PUT (validated by StateSerializer). Raises Conflict."""
-        now = now or timezone.now()
+    @classmethod
+    def update_state_of(
+        cls, connection: PuppetConnection, run_id: uuid.UUID, data: dict[str, Any], token_prefix: str
+    ) -> "Run":
+        """Apply a bridge's state PUT (validated by StateSerializer) to this connection's run.
+        Raises Run.DoesNotExist or Conflict.
+
+        A heartbeat that changes no status is the hot path (every bridge, every 15 s): one
+        compare-and-set UPDATE. Anything else takes the row lock and checks the rules."""
+        now = timezone.now()
+        run = cls._heartbeat(connection, run_id, data, now)
+        if run is not None:
+            return run
         with transaction.atomic():
-            run = Run.objects.select_for_update().get(pk=self.pk)
+            run = cls.objects.select_for_update().get(pk=run_id, connection=connection)
             run._apply_state(data, token_prefix, now)
-        self.__dict__.update({k: v for k, v in run.__dict__.items() if not k.startswith("_")})
+        return run
+
+    @classmethod
+    def _heartbeat(
+        cls, connection: PuppetConnection, run_id: uuid.UUID, data: dict[str, Any], now: datetime
+    ) -> "Run | None":
+        """The run after a plain heartbeat, or None when this PUT is not one (or the run is
+        not in a state where it could be): the caller then takes the careful path."""
+        status = data["status"]
+        if status == Status.IN_PROGRESS:
+            held, changes = [Status.IN_PROGRESS], {"next_update_before": data["next_update_before"]}
+        elif status in (Status.PENDING, Status.ACCEPTED):
+            held, changes = list(HELD_STATES), {}
+        else:
+            return None
+        if data.get("job_id"):
+            changes["job_id"] = data["job_id"]
+        where = models.Q(pk=run_id, connection=connection, status__in=held)
+        if data.get("lease_id") is not None:
+            where &= models.Q(lease_id=data["lease_id"])
+        return _update_returning(where, {"updated_at": now, **changes})
 
     def _apply_state(self, data: dict[str, Any], token_prefix: str, now: datetime) -> None:
         status = data["status"]
@@ -271,6 +301,48 @@ class RunTransition(models.Model):
 
     def __str__(self) -> str:
         return f"{self.from_status} → {self.to_status}"
+
+
+STATE_FIELDS = [
+    "id",
+    "status",
+    "updated_at",
+    "outcome",
+    "run_results",
+    "job_id",
+    "next_update_before",
+    "cancel_requested",
+]
+
+
+def _update_returning(where: models.Q, changes: dict[str, Any]) -> Run | None:
+    """UPDATE the one run matching `where` and read back its state in the same statement
+    (PostgreSQL and SQLite both have RETURNING). None when no run matched."""
+    query = Run.objects.filter(where).query
+    compiler = query.get_compiler(using=Run.objects.db)
+    where_sql, where_params = compiler.compile(query.where)
+    fields = [Run._meta.get_field(name) for name in changes]
+    sets = ", ".join(f"{db_connection.ops.quote_name(f.column)} = %s" for f in fields)
+    values = [f.get_db_prep_save(changes[f.name], db_connection) for f in fields]
+    columns = ", ".join(db_connection.ops.quote_name(Run._meta.get_field(n).column) for n in STATE_FIELDS)
+    table = db_connection.ops.quote_name(Run._meta.db_table)
+    # Every name is quoted from the model's metadata; every value is a parameter.
+    sql = f"UPDATE {table} SET {sets} WHERE {where_sql} RETURNING {columns}"  # noqa: S608
+    with db_connection.cursor() as cursor:
+        cursor.execute(sql, [*values, *where_params])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    return Run(**{name: _from_db(name, value) for name, value in zip(STATE_FIELDS, row, strict=True)})
+
+
+def _from_db(name: str, value: Any) -> Any:
+    """What the ORM would have made of a raw column value (JSON, UUIDs, SQLite's dates)."""
+    field = Run._meta.get_field(name)
+    column = field.get_col(Run._meta.db_table)
+    for convert in db_connection.ops.get_db_converters(column) + field.get_db_converters(db_connection):
+        value = convert(value, column, db_connection)
+    return value
 
 
 def _iso(moment: datetime) -> str:

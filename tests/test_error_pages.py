@@ -38,3 +38,16 @@ def test_a_crash_on_an_api_path_is_a_problem_document(rf):
 def test_a_crash_elsewhere_is_django_s_page(rf):
     response = problems.handler500(rf.get("/admin/"))
     assert response.status_code == 500 and response["Content-Type"].startswith("text/html")
+
+
+def test_a_lost_database_connection_is_a_503_problem(rf):
+    from django.db import OperationalError
+    from rest_framework.request import Request
+
+    request = Request(rf.get("/_puppet/runs"))
+    response = problems.exception_handler(
+        OperationalError("server closed the connection"), {"request": request}
+    )
+    assert response.status_code == 503
+    assert response.data["type"] == "urn:relay:problem:service_unavailable"
+    assert "closed" not in response.data["detail"]  # no internals in the answer

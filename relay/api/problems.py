@@ -6,27 +6,23 @@ validation errors `errors: [{"pointer": "#/scope/nodes/0", "detail", "code"}]`, 
 per invalid field (JSON Pointers into the request body).
 """
 
+import logging
 from http import HTTPStatus
 from typing import Any
 
+from django import db
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from rest_framework import exceptions, status
-from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from relay.vault import VaultUnavailable
 
+log = logging.getLogger(__name__)
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 # Paths whose errors are problem documents even when Django, not DRF, answers them.
 API_PREFIXES = ("/api/", "/_puppet/")
-
-
-class ProblemJSONRenderer(JSONRenderer):
-    """Lets clients that ask only for application/problem+json be answered."""
-
-    media_type = PROBLEM_CONTENT_TYPE
 
 
 class ServiceUnavailable(exceptions.APIException):
@@ -82,6 +78,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     # Converted here, not only inside DRF's handler, so the body below can read exc.detail.
     if isinstance(exc, VaultUnavailable):
         exc = ServiceUnavailable(str(exc))
+    elif isinstance(exc, (db.OperationalError, db.InterfaceError)):
+        log.warning("database unavailable: %s", exc)
+        exc = ServiceUnavailable("The database is unavailable. Try again shortly.")
     elif isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):

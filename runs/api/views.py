@@ -104,9 +104,10 @@ class RunViewSet(GenericViewSet):
             raise exceptions.ValidationError({"non_field_errors": ["The state must be a JSON object."]})
         body = StateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        run = self.get_object()
         try:
-            run.update_state(body.validated_data, request.auth.token_prefix)
+            run = Run.update_state_of(request.auth, pk, body.validated_data, request.auth.token_prefix)
+        except Run.DoesNotExist:
+            raise exceptions.NotFound("No such run for this connection.") from None
         except Conflict as exc:
             raise ConflictProblem(str(exc)) from None
         # The shipped bridge reads this body as the run's new state.
