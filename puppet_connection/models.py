@@ -1,21 +1,12 @@
-import logging
 import re
 import uuid
 
 from django.conf import settings
-from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.validators import RegexValidator
-from django.db import models, transaction
-from django.db.models.signals import post_delete
-from django.dispatch import receiver
+from django.db import models
 from django.utils import timezone
-from django.views.decorators.debug import sensitive_variables
 
-from relay import tokens, vault
-
-log = logging.getLogger(__name__)
-
-VAULT_KIND = "connections/puppet"
+from relay import tokens
 
 name_validator = RegexValidator(
     r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
@@ -39,6 +30,7 @@ class PuppetConnection(tokens.TokenHolder):
     that created it; the database keeps its digest (see relay.tokens)."""
 
     TOKEN_PREFIX = "rlyp"
+    VAULT_KIND = "connections/puppet"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     owner = models.ForeignKey(
@@ -75,65 +67,3 @@ class PuppetConnection(tokens.TokenHolder):
             type(self).objects.filter(pk=self.pk).update(**changes)
             for field, value in changes.items():
                 setattr(self, field, value)
-
-    @property
-    def vault_path(self) -> str:
-        return vault.path_for(VAULT_KIND, self.id)
-
-    @sensitive_variables("token")
-    def issue_token(self) -> tokens.PlainToken:
-        """Save the connection with a new token and store the token in Vault.
-
-        Call inside transaction.atomic(): the row is written first (so constraint errors come
-        before Vault is touched), Vault last. If Vault fails, VaultUnavailable propagates and
-        the caller's transaction rolls the row back, leaving nothing half done."""
-        creating = self._state.adding
-        token = tokens.generate(self.TOKEN_PREFIX)
-        self.set_token(token)
-        if not creating:
-            self.token_regenerated_at = timezone.now()
-        self.save()
-        # Check-and-set: create only if absent; replace only the version we have just seen.
-        cas = 0 if creating else vault.current_version(self.vault_path)
-        vault.write(self.vault_path, {"token": token}, cas=cas)
-        return token
-
-    @classmethod
-    def create_with_token(
-        cls, owner: AbstractBaseUser, name: str, description: str = ""
-    ) -> tuple["PuppetConnection", tokens.PlainToken]:
-        connection = cls(owner=owner, name=name, description=description)
-        with transaction.atomic():
-            token = connection.issue_token()
-        log.info("puppet connection %s created for user %s", connection.id, owner.pk)
-        return connection, token
-
-    def regenerate_token(self) -> tokens.PlainToken:
-        """A new token replaces the old, which stops working when this commits.
-
-        The row lock serialises concurrent regenerates, so exactly one token survives: the
-        last to commit, which is also the newest version in Vault."""
-        with transaction.atomic():
-            locked = type(self).objects.select_for_update().get(pk=self.pk)
-            token = locked.issue_token()
-        for field in ("token_lookup", "token_digest", "token_pepper_id", "token_regenerated_at"):
-            setattr(self, field, getattr(locked, field))
-        log.info("puppet connection %s token regenerated", self.id)
-        return token
-
-
-@receiver(post_delete, sender=PuppetConnection)
-def _delete_vault_secret(sender: type, instance: PuppetConnection, **kwargs: object) -> None:
-    # A signal, not delete(), so admin bulk deletes and cascades from a deleted user count too.
-    # After commit, so a rolled-back delete keeps its secret. If Vault is down now, the
-    # token has already stopped working (its digest is gone) and the periodic
-    # reconcile_vault_secrets task removes the secret later.
-    path = instance.vault_path
-
-    def purge() -> None:
-        try:
-            vault.delete(path)
-        except vault.VaultUnavailable as exc:
-            log.warning("vault secret %s left for the reconciler: %s", path, exc)
-
-    transaction.on_commit(purge)

@@ -210,7 +210,7 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": env.float("RUN_EXPIRY_INTERVAL", default=15.0),
     },
     "reconcile-vault-secrets": {
-        "task": "puppet_connection.tasks.reconcile_vault_secrets",
+        "task": "relay.tasks.reconcile_vault_secrets",
         "schedule": env.float("VAULT_RECONCILE_INTERVAL", default=300.0),
     },
 }

@@ -16,6 +16,7 @@ digest made with an old pepper is replaced the next time its token is used.
 
 import hashlib
 import hmac
+import logging
 import re
 import secrets
 import zlib
@@ -23,8 +24,16 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import models
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.db import models, transaction
+from django.db.models.signals import post_delete
+from django.dispatch import receiver
 from django.utils import timezone
+from django.views.decorators.debug import sensitive_variables
+
+from relay import vault
+
+log = logging.getLogger(__name__)
 
 ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 LOOKUP_LENGTH = 12
@@ -97,10 +106,15 @@ _DUMMY_DIGEST = "0" * 64
 
 
 class TokenHolder(models.Model):
-    """A row that authenticates requests with a token of kind TOKEN_PREFIX. Subclasses have an
-    `owner` (the user the requests act for), loaded with the row in the same query."""
+    """A row that authenticates requests with a token of kind TOKEN_PREFIX, and keeps the
+    plain token in Vault at `<VAULT_PATH_PREFIX>/<VAULT_KIND>/<id>` (key `token`; other keys
+    of that secret belong to the subclass and are kept across regenerates).
+
+    Subclasses have a UUID `id`, an `owner` (the user the requests act for, loaded with the
+    row) and `token_regenerated_at`."""
 
     TOKEN_PREFIX: str = ""
+    VAULT_KIND: str = ""
 
     token_lookup = models.CharField(max_length=LOOKUP_LENGTH, unique=True, editable=False)
     token_digest = models.CharField(max_length=64, editable=False)
@@ -114,6 +128,52 @@ class TokenHolder(models.Model):
     def token_prefix(self) -> str:
         """The part of the token that may be shown: kind and lookup."""
         return f"{self.TOKEN_PREFIX}_{self.token_lookup}" if self.token_lookup else ""
+
+    @property
+    def vault_path(self) -> str:
+        return vault.path_for(self.VAULT_KIND, self.pk)
+
+    @sensitive_variables("token", "secret")
+    def issue_token(self, secret: dict[str, str] | None = None) -> PlainToken:
+        """Save the row with a new token and store the token in Vault (with `secret`'s other
+        keys, on create).
+
+        Call inside transaction.atomic(): the row is written first (so constraint errors come
+        before Vault is touched), Vault last. If Vault fails, VaultUnavailable propagates and
+        the caller's transaction rolls the row back, leaving nothing half done."""
+        creating = self._state.adding
+        token = generate(self.TOKEN_PREFIX)
+        self.set_token(token)
+        if not creating:
+            self.token_regenerated_at = timezone.now()
+        self.save()
+        # Check-and-set: create only if absent; replace only the version we have just read.
+        current, version = ({}, 0) if creating else vault.read_with_version(self.vault_path)
+        vault.write(self.vault_path, {**current, **(secret or {}), "token": token}, cas=version)
+        return token
+
+    @classmethod
+    def create_with_token(
+        cls, owner: AbstractBaseUser, secret: dict[str, str] | None = None, **fields: object
+    ) -> "tuple[TokenHolder, PlainToken]":
+        holder = cls(owner=owner, **fields)
+        with transaction.atomic():
+            token = holder.issue_token(secret)
+        log.info("%s %s created for user %s", cls._meta.verbose_name, holder.pk, owner.pk)
+        return holder, token
+
+    def regenerate_token(self) -> PlainToken:
+        """A new token replaces the old, which stops working when this commits.
+
+        The row lock serialises concurrent regenerates, so exactly one token survives: the
+        last to commit, which is also the newest version in Vault."""
+        with transaction.atomic():
+            locked = type(self)._default_manager.select_for_update().get(pk=self.pk)
+            token = locked.issue_token()
+        for field in ("token_lookup", "token_digest", "token_pepper_id", "token_regenerated_at"):
+            setattr(self, field, getattr(locked, field))
+        log.info("%s %s token regenerated", self._meta.verbose_name, self.pk)
+        return token
 
     def set_token(self, token: str) -> None:
         parsed = parse(token, self.TOKEN_PREFIX)
@@ -157,3 +217,24 @@ class TokenHolder(models.Model):
         ).update(**changes)
         for field, value in changes.items():
             setattr(self, field, value)
+
+
+@receiver(post_delete)
+def _delete_vault_secret(sender: type, instance: object, **kwargs: object) -> None:
+    """A deleted holder's secret goes too.
+
+    A signal, not delete(), so admin bulk deletes and cascades from a deleted user count too.
+    After commit, so a rolled-back delete keeps its secret. If Vault is down then, the token
+    has stopped working anyway (its digest is gone) and relay.tasks.reconcile_vault_secrets
+    removes the secret later."""
+    if not isinstance(instance, TokenHolder):
+        return
+    path = instance.vault_path
+
+    def purge() -> None:
+        try:
+            vault.delete(path)
+        except vault.VaultUnavailable as exc:
+            log.warning("vault secret %s left for the reconciler: %s", path, exc)
+
+    transaction.on_commit(purge)

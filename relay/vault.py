@@ -107,13 +107,6 @@ def path_for(kind: str, object_id: object) -> str:
     return f"{settings.VAULT_PATH_PREFIX}/{kind}/{object_id}"
 
 
-def current_version(path: str) -> int:
-    """The secret's newest version, 0 when it does not exist (the check-and-set value that
-    means 'create only')."""
-    meta = metadata(path)
-    return int(meta["current_version"]) if meta else 0
-
-
 def write(path: str, data: dict[str, str], cas: int) -> int:
     """Write a new version only if the newest is `cas` (0: only if none exists). Returns it."""
 
@@ -124,6 +117,22 @@ def write(path: str, data: dict[str, str], cas: int) -> int:
         return int(result["data"]["version"])
 
     return _call("store a secret", put)
+
+
+def read_with_version(path: str) -> tuple[dict[str, str], int]:
+    """The newest data and its version; ({}, 0) when there is no secret (0 is also the
+    check-and-set value that means 'create only')."""
+
+    def get(client: hvac.Client) -> tuple[dict[str, str], int]:
+        try:
+            result = client.secrets.kv.v2.read_secret_version(
+                path=path, mount_point=settings.VAULT_MOUNT_POINT, raise_on_deleted_version=False
+            )
+        except hvac.exceptions.InvalidPath:
+            return {}, 0
+        return result["data"]["data"] or {}, int(result["data"]["metadata"]["version"])
+
+    return _call("read a secret", get)
 
 
 def read(path: str, version: int | None = None) -> dict[str, str] | None:

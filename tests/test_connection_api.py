@@ -83,7 +83,11 @@ def test_a_duplicate_name_is_400_and_stores_nothing(alice_api, bao):
     keys_before = vault_keys(bao)
     problem = assert_problem(alice_api.post(URL, {"name": "prod"}, format="json"), 400)
     assert problem["errors"] == [
-        {"pointer": "#/name", "detail": "You already have a connection with this name.", "code": "unique"}
+        {
+            "pointer": "#/name",
+            "detail": "You already have a puppet connection with this name.",
+            "code": "unique",
+        }
     ]
     assert PuppetConnection.objects.count() == 1
     assert vault_keys(bao) == keys_before

@@ -11,8 +11,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from puppet_connection.models import PuppetConnection
-from puppet_connection.tasks import delete_orphan_secrets, reconcile_vault_secrets
 from relay import vault
+from relay.tasks import delete_orphan_secrets, reconcile_vault_secrets
 from tests.conftest import bridge, client_for, point_vault_at, run_concurrently
 
 URL = "/api/connections/puppet/"

@@ -1,6 +1,8 @@
 from typing import Any
 
-from django.db import models
+from django.db import IntegrityError, models
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 
@@ -54,3 +56,50 @@ class RejectUnknownFields:
             if unknown:
                 raise serializers.ValidationError({key: ["Unknown field."] for key in unknown}, "unknown")
         return super().to_internal_value(data)  # type: ignore[misc]
+
+
+class TokenHolderSerializer(StrictModelSerializer):
+    """A connection or trigger: `name` unique per owner; created with a new token."""
+
+    owner = serializers.CharField(source="owner.get_username", read_only=True)
+    token_prefix = serializers.CharField(read_only=True)
+
+    def validate_name(self, name: str) -> str:
+        taken = self.Meta.model._default_manager.filter(owner=self.context["request"].user, name=name)
+        if self.instance is not None:
+            taken = taken.exclude(pk=self.instance.pk)
+        if taken.exists():
+            raise serializers.ValidationError(
+                f"You already have a {self.Meta.model._meta.verbose_name} with this name.", "unique"
+            )
+        return name
+
+    def pop_secret(self, validated_data: dict[str, Any]) -> dict[str, str]:
+        """Values that belong in the holder's Vault secret, not its row (none by default)."""
+        return {}
+
+    def create(self, validated_data: dict[str, Any]) -> Any:
+        model = self.Meta.model
+        secret = self.pop_secret(validated_data)
+        try:
+            holder, token = model.create_with_token(
+                owner=self.context["request"].user, secret=secret, **validated_data
+            )
+        except IntegrityError:
+            # Lost a race with a concurrent create of the same name.
+            raise serializers.ValidationError(
+                {"name": [f"You already have a {model._meta.verbose_name} with this name."]}, "unique"
+            ) from None
+        self.context["token"] = token
+        return holder
+
+
+@extend_schema_field(OpenApiTypes.STR)
+class TokenField(serializers.Field):
+    """The plain token, from the context: only in the answers to create and regenerate."""
+
+    def __init__(self) -> None:
+        super().__init__(source="*", read_only=True)
+
+    def to_representation(self, value: Any) -> str:
+        return str(self.context["token"])

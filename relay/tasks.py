@@ -3,11 +3,12 @@ import uuid
 from datetime import datetime, timedelta
 
 from celery import shared_task
+from django.apps import apps
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from puppet_connection.models import VAULT_KIND, PuppetConnection
 from relay import vault
+from relay.tokens import TokenHolder
 
 log = logging.getLogger(__name__)
 
@@ -17,7 +18,7 @@ ORPHAN_GRACE = timedelta(minutes=10)
 
 @shared_task(acks_late=True)
 def reconcile_vault_secrets() -> int:
-    """Delete Vault secrets whose connection no longer exists. Runs periodically (beat).
+    """Delete Vault secrets whose connection or trigger no longer exists. Runs from beat.
 
     This cleans up after a delete made while Vault was down, or a create whose commit failed
     after its Vault write. A Vault error ends the run quietly: the next run tries again."""
@@ -36,18 +37,21 @@ def _is_uuid(key: str) -> bool:
 
 
 def delete_orphan_secrets(now: datetime) -> int:
-    """Returns how many secrets were deleted. Keys that are not connection ids are left alone."""
-    folder = vault.path_for(VAULT_KIND, "")
-    ids = {key for key in vault.list_keys(folder) if _is_uuid(key)}
-    known = {str(pk) for pk in PuppetConnection.objects.filter(pk__in=ids).values_list("pk", flat=True)}
+    """Returns how many secrets were deleted. Keys that are not ids of ours are left alone."""
     deleted = 0
-    for key in sorted(ids - known):
-        path = folder + key
-        meta = vault.metadata(path)
-        created = parse_datetime(meta["created_time"]) if meta else None
-        if created is None or now - created < ORPHAN_GRACE:
+    for model in apps.get_models():
+        if not issubclass(model, TokenHolder):
             continue
-        vault.delete(path)
-        deleted += 1
-        log.info("vault secret %s deleted: its connection is gone", path)
+        folder = vault.path_for(model.VAULT_KIND, "")
+        ids = {key for key in vault.list_keys(folder) if _is_uuid(key)}
+        known = {str(pk) for pk in model._default_manager.filter(pk__in=ids).values_list("pk", flat=True)}
+        for key in sorted(ids - known):
+            path = folder + key
+            meta = vault.metadata(path)
+            created = parse_datetime(meta["created_time"]) if meta else None
+            if created is None or now - created < ORPHAN_GRACE:
+                continue
+            vault.delete(path)
+            deleted += 1
+            log.info("vault secret %s deleted: its %s is gone", path, model._meta.verbose_name)
     return deleted

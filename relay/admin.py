@@ -1,0 +1,112 @@
+"""What every token holder's admin shares: the token is shown once, on the page that answers
+the create or the regenerate, and a Vault failure is a message, never a half-saved row."""
+
+from urllib.parse import urlencode
+
+from django.contrib import admin, messages
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.views.decorators.debug import sensitive_variables
+
+from relay import tokens, vault
+
+
+class TokenHolderAdmin(admin.ModelAdmin):
+    change_form_template = "admin/relay/token_change_form.html"
+    # Fields of the add form kept when Vault fails and the form is shown again.
+    add_form_fields: tuple[str, ...] = ("name", "description", "owner")
+    token_hint = ""  # where the user puts the token, shown beside it
+
+    def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, str]:
+        return {"owner": str(request.user.pk), **super().get_changeform_initial_data(request)}
+
+    @sensitive_variables("token")
+    def save_model(self, request: HttpRequest, obj: tokens.TokenHolder, form: object, change: bool) -> None:
+        if change:
+            obj.save()
+            return
+        # Inside the admin's own transaction: a VaultUnavailable from here rolls the row back.
+        request._relay_new_token = obj.issue_token(self.secret_from_form(form))  # type: ignore[attr-defined]
+
+    def secret_from_form(self, form: object) -> dict[str, str]:
+        """Other values of the holder's Vault secret that the add form collects."""
+        return {}
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict | None = None,
+    ) -> HttpResponse:
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except vault.VaultUnavailable as exc:
+            self.message_user(request, f"Nothing was saved. {exc}", messages.ERROR)
+            # Back to the form with what was typed (the add form takes initial data from GET).
+            keep = {key: request.POST.get(key, "") for key in self.add_form_fields}
+            return HttpResponseRedirect(f"{request.path}?{urlencode(keep)}")
+
+    def response_add(
+        self, request: HttpRequest, obj: tokens.TokenHolder, post_url_continue: str | None = None
+    ) -> HttpResponse:
+        token = getattr(request, "_relay_new_token", None)
+        if token is None:
+            return super().response_add(request, obj, post_url_continue)
+        return self._reveal(request, obj, token, created=True)
+
+    def get_urls(self) -> list:
+        name = f"{self.opts.app_label}_{self.opts.model_name}_regenerate"
+        return [
+            path("<uuid:object_id>/regenerate/", self.admin_site.admin_view(self.regenerate_view), name=name),
+            *super().get_urls(),
+        ]
+
+    def _url(self, action: str, *args: object) -> str:
+        return reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_{action}", args=args)
+
+    def _context(self, request: HttpRequest, holder: tokens.TokenHolder, **extra: object) -> dict:
+        return {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "original": holder,
+            "changelist_url": f"admin:{self.opts.app_label}_{self.opts.model_name}_changelist",
+            "change_url": self._url("change", holder.pk),
+            **extra,
+        }
+
+    @sensitive_variables("token")
+    def regenerate_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        holder = get_object_or_404(self.get_queryset(request), pk=object_id)
+        if not self.has_change_permission(request, holder):
+            return HttpResponse(status=403)
+        if request.method != "POST":
+            title = f"Regenerate the token of {holder}?"
+            context = self._context(request, holder, title=title)
+            return TemplateResponse(request, "admin/relay/regenerate_confirm.html", context)
+        try:
+            token = holder.regenerate_token()
+        except vault.VaultUnavailable as exc:
+            self.message_user(request, f"The token was not changed. {exc}", messages.ERROR)
+            return HttpResponseRedirect(self._url("change", holder.pk))
+        self.log_change(request, holder, "Regenerated the token.")
+        return self._reveal(request, holder, token, created=False)
+
+    def _reveal(
+        self, request: HttpRequest, holder: tokens.TokenHolder, token: tokens.PlainToken, created: bool
+    ) -> HttpResponse:
+        """The one page that ever shows the token. It answers a POST, so there is no URL to
+        come back to; no-store keeps it out of the browser's cache."""
+        context = self._context(
+            request,
+            holder,
+            token=token,
+            created=created,
+            token_hint=self.token_hint,
+            title="Copy the token now",
+        )
+        response = TemplateResponse(request, "admin/relay/reveal_token.html", context)
+        response["Cache-Control"] = "no-store"
+        return response

@@ -1,0 +1,50 @@
+from django.db.models import QuerySet
+from django.views.decorators.debug import sensitive_variables
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from relay.tokens import TokenHolder
+
+# The token is in the body: no cache on the way may keep a copy.
+NO_STORE = {"Cache-Control": "no-store", "Pragma": "no-cache"}
+
+
+class TokenHolderViewSet(
+    mixins.CreateModelMixin,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.UpdateModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Connections or triggers: users see their own, staff see everyone's. Create answers the
+    new token once; `regenerate` replaces it. Subclasses set queryset, serializer_class and
+    token_serializer_class (the same with a TokenField)."""
+
+    token_serializer_class: type
+    lookup_value_converter = "uuid"
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+
+    def get_queryset(self) -> QuerySet[TokenHolder]:
+        holders = self.queryset.model._default_manager.select_related("owner")
+        if self.request.user.is_staff:
+            return holders
+        return holders.filter(owner=self.request.user)
+
+    @sensitive_variables("serializer")
+    def create(self, request: Request, *args: object, **kwargs: object) -> Response:
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        holder = serializer.save()
+        body = self.token_serializer_class(holder, context=serializer.context).data
+        return Response(body, status=status.HTTP_201_CREATED, headers=NO_STORE)
+
+    @action(detail=True, methods=["post"])
+    @sensitive_variables("token")
+    def regenerate(self, request: Request, pk: str | None = None) -> Response:
+        holder = self.get_object()
+        token = holder.regenerate_token()
+        body = self.token_serializer_class(holder, context={"request": request, "token": token}).data
+        return Response(body, headers=NO_STORE)
