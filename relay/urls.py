@@ -13,6 +13,7 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("api/", include("puppet_connection.api.urls")),
+    path("api/", include("triggers.api.urls")),
     path("_puppet/", include("runs.api.urls")),
     path("healthz", healthz, name="healthz"),
 ]

@@ -1,1 +1,124 @@
-# Push triggers and their events arrive with the triggers issue (/api/events).
+"""Push triggers and the events (Puppet reports) they receive at /api/events."""
+
+import uuid
+
+from django.conf import settings
+from django.db import models, transaction
+from django.utils import timezone
+
+from puppet_connection.models import name_validator
+from relay import tokens, vault
+
+
+class Trigger(tokens.TokenHolder):
+    """A push trigger: Puppet (or the module's report processor) posts reports with its token.
+
+    The filters choose which reports match; an empty list means "any". The Slack incoming
+    webhook URL, when there is one, lives in the trigger's Vault secret (key
+    `slack_webhook_url`), never in this row."""
+
+    TOKEN_PREFIX = "rlyt"
+    VAULT_KIND = "triggers"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="push_triggers"
+    )
+    name = models.CharField(max_length=64, validators=[name_validator])
+    description = models.TextField(blank=True, max_length=2000)
+    created = models.DateTimeField(default=timezone.now, editable=False)
+    token_regenerated_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    statuses = models.JSONField(default=list, blank=True, help_text="Report statuses, e.g. changed, failed.")
+    environments = models.JSONField(default=list, blank=True)
+    host_globs = models.JSONField(default=list, blank=True, help_text="e.g. web*.example.com")
+    resource_types = models.JSONField(default=list, blank=True, help_text="e.g. File, Service")
+    title_globs = models.JSONField(default=list, blank=True, help_text="e.g. /etc/nginx/*")
+    tags = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Tags or classes, e.g. profile::web; a changed resource must carry one.",
+    )
+    has_slack_webhook = models.BooleanField(default=False, editable=False)
+
+    class Meta:
+        ordering = ["owner_id", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "name"], name="unique_trigger_name_per_owner")
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def set_slack_webhook(self, url: str) -> None:
+        """Store (or with "" remove) the webhook URL in the trigger's Vault secret, keeping its
+        token: a read-modify-write under the row lock and Vault's check-and-set."""
+        with transaction.atomic():
+            type(self).objects.select_for_update().filter(pk=self.pk).first()
+            current, version = vault.read_with_version(self.vault_path)
+            secret = {key: value for key, value in current.items() if key != "slack_webhook_url"}
+            if url:
+                secret["slack_webhook_url"] = url
+            vault.write(self.vault_path, secret, cas=version)
+            self.has_slack_webhook = bool(url)
+            type(self).objects.filter(pk=self.pk).update(has_slack_webhook=self.has_slack_webhook)
+
+    def slack_webhook_url(self) -> str:
+        """Read from Vault when a notification is sent; '' when there is none."""
+        if not self.has_slack_webhook:
+            return ""
+        return (vault.read(self.vault_path) or {}).get("slack_webhook_url", "")
+
+
+class EventState(models.TextChoices):
+    RECEIVED = "received"  # stored; waiting for a worker
+    MATCHED = "matched"
+    FILTERED = "filtered"
+    DUPLICATE = "duplicate"  # same transaction_uuid or key as an earlier event
+    FAILED = "failed"  # could not be read: see failure_reason
+
+
+DONE_STATES = (EventState.MATCHED, EventState.FILTERED, EventState.DUPLICATE, EventState.FAILED)
+
+
+class BodyFormat(models.TextChoices):
+    JSON = "json"  # a Relay push body or a Puppet JSON report; the worker tells which
+    YAML = "yaml"  # a Puppet YAML report, as Puppet's http processor sends it
+
+
+class Event(models.Model):
+    """A report as received. Its body is in storage under its SHA-256 (`body_sha256`); the
+    worker fills `summary` and `parts` (offloaded logs, resource events and the normalised
+    report, each {"name", "size", "sha256"})."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    trigger = models.ForeignKey(Trigger, on_delete=models.CASCADE, related_name="events")
+    state = models.CharField(max_length=16, choices=EventState.choices, default=EventState.RECEIVED)
+    received_at = models.DateTimeField(default=timezone.now)
+    processed_at = models.DateTimeField(null=True, blank=True)
+    body_format = models.CharField(max_length=8, choices=BodyFormat.choices)
+    body_sha256 = models.CharField(max_length=64)
+    body_size = models.BigIntegerField()
+    attempts = models.PositiveIntegerField(default=0)
+
+    key = models.CharField(max_length=255, blank=True)
+    transaction_uuid = models.CharField(max_length=64, blank=True)
+    host = models.CharField(max_length=255, blank=True)
+    status = models.CharField(max_length=32, blank=True)
+    summary = models.JSONField(null=True, blank=True)
+    parts = models.JSONField(default=dict, blank=True)
+    failure_reason = models.TextField(blank=True)
+    duplicate_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL)
+
+    class Meta:
+        ordering = ["-received_at"]
+        indexes = [
+            models.Index(fields=["trigger", "-received_at"]),
+            models.Index(fields=["state", "received_at"]),
+            models.Index(fields=["trigger", "transaction_uuid"]),
+            models.Index(fields=["trigger", "key"]),
+            models.Index(fields=["trigger", "body_sha256"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.host or 'event'} {self.id}"

@@ -1,0 +1,61 @@
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from relay.admin import TokenHolderAdmin
+from triggers.models import Event, Trigger
+
+
+@admin.register(Trigger)
+class TriggerAdmin(TokenHolderAdmin):
+    list_display = [
+        "name",
+        "owner",
+        "token_prefix",
+        "has_slack_webhook",
+        "created",
+        "last_used",
+        "token_regenerated_at",
+    ]
+    list_filter = ["has_slack_webhook", "created", "last_used"]
+    search_fields = ["name", "description", "owner__username", "token_lookup"]
+    readonly_fields = [
+        "id",
+        "token_prefix",
+        "has_slack_webhook",
+        "created",
+        "last_used",
+        "token_regenerated_at",
+    ]
+    autocomplete_fields = ["owner"]
+    filter_fields = ["statuses", "environments", "host_globs", "resource_types", "title_globs", "tags"]
+    token_hint = (
+        "Use it as the password in Puppet's reporturl (https://any:TOKEN@host/api/events), "
+        "or as a Bearer token."
+    )
+
+    def get_fields(self, request: HttpRequest, obj: Trigger | None = None) -> list[str]:
+        if obj is None:
+            return ["name", "description", "owner", *self.filter_fields]
+        return ["name", "description", "owner", *self.filter_fields, *self.readonly_fields]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Trigger | None = None) -> list[str]:
+        return [*self.readonly_fields, "owner"] if obj else []
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Trigger]:
+        return super().get_queryset(request).select_related("owner")
+
+
+@admin.register(Event)
+class EventAdmin(admin.ModelAdmin):
+    list_display = ["received_at", "trigger", "state", "host", "status", "body_format", "body_size"]
+    list_filter = ["state", "status", "body_format", "trigger"]
+    search_fields = ["id", "host", "transaction_uuid", "key", "body_sha256"]
+    list_select_related = ["trigger"]
+    date_hierarchy = "received_at"
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Event | None = None) -> list[str]:
+        return [field.name for field in Event._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False

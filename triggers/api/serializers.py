@@ -1,0 +1,73 @@
+from typing import Any
+
+from rest_framework import serializers
+
+from relay.api.serializers import StrictCharField, TokenField, TokenHolderSerializer
+from triggers.models import Trigger
+
+REPORT_STATUSES = ["changed", "failed", "unchanged"]
+
+
+def filter_list(**kwargs: Any) -> serializers.ListField:
+    return serializers.ListField(
+        child=StrictCharField(max_length=255, **kwargs), max_length=100, required=False
+    )
+
+
+class TriggerSerializer(TokenHolderSerializer):
+    statuses = serializers.ListField(
+        child=serializers.ChoiceField(REPORT_STATUSES), max_length=3, required=False
+    )
+    environments = filter_list()
+    host_globs = filter_list()
+    resource_types = filter_list()
+    title_globs = filter_list()
+    tags = filter_list()
+    slack_webhook_url = serializers.URLField(
+        write_only=True,
+        required=False,
+        allow_blank=True,
+        max_length=2000,
+        help_text="A Slack incoming-webhook URL, kept in Vault; empty removes it.",
+    )
+
+    class Meta:
+        model = Trigger
+        fields = [
+            "id",
+            "name",
+            "description",
+            "owner",
+            "token_prefix",
+            "statuses",
+            "environments",
+            "host_globs",
+            "resource_types",
+            "title_globs",
+            "tags",
+            "slack_webhook_url",
+            "has_slack_webhook",
+            "created",
+            "last_used",
+            "token_regenerated_at",
+        ]
+        read_only_fields = ["id", "has_slack_webhook", "created", "last_used", "token_regenerated_at"]
+
+    def pop_secret(self, validated_data: dict[str, Any]) -> dict[str, str]:
+        url = validated_data.pop("slack_webhook_url", "")
+        validated_data["has_slack_webhook"] = bool(url)
+        return {"slack_webhook_url": url} if url else {}
+
+    def update(self, instance: Trigger, validated_data: dict[str, Any]) -> Trigger:
+        if "slack_webhook_url" in validated_data:
+            instance.set_slack_webhook(validated_data.pop("slack_webhook_url"))
+        return super().update(instance, validated_data)
+
+
+class TriggerTokenSerializer(TriggerSerializer):
+    """The trigger with its plain token: only in the create and regenerate answers."""
+
+    token = TokenField()
+
+    class Meta(TriggerSerializer.Meta):
+        fields = [*TriggerSerializer.Meta.fields, "token"]
