@@ -140,6 +140,15 @@ STATIC_URL = "static/"
 STATIC_ROOT = Path(env.str("STATIC_ROOT", default=str(VAR_DIR / "static")))
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    # Event bodies and their offloaded parts, content-addressed. An S3-compatible store
+    # works too (django-storages): set EVENTS_STORAGE_BACKEND and its options' variables.
+    "events": {
+        "BACKEND": env.str("EVENTS_STORAGE_BACKEND", default="relay.storage.DurableFileSystemStorage"),
+        "OPTIONS": {
+            "location": env.str("EVENTS_STORAGE_LOCATION", default=str(VAR_DIR / "events")),
+            "allow_overwrite": True,  # same name, same content: a race between two saves is harmless
+        },
+    },
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
 }
 
@@ -201,6 +210,15 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "store_processed": False,
     }
 CELERY_TASK_IGNORE_RESULT = True
+# A request that queues work must not hang on a dead broker: give up fast; the periodic
+# sweepers send what was not queued.
+CELERY_BROKER_CONNECTION_TIMEOUT = 2
+CELERY_TASK_PUBLISH_RETRY_POLICY = {
+    "max_retries": 2,
+    "interval_start": 0,
+    "interval_step": 0.2,
+    "interval_max": 0.5,
+}
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
@@ -208,6 +226,10 @@ CELERY_BEAT_SCHEDULE = {
     "expire-runs": {
         "task": "runs.tasks.expire_runs",
         "schedule": env.float("RUN_EXPIRY_INTERVAL", default=15.0),
+    },
+    "requeue-stuck-events": {
+        "task": "triggers.tasks.requeue_stuck_events",
+        "schedule": env.float("EVENTS_SWEEP_INTERVAL", default=60.0),
     },
     "reconcile-vault-secrets": {
         "task": "relay.tasks.reconcile_vault_secrets",
@@ -227,6 +249,12 @@ RUN_LONG_POLL_MAX = 60
 RUNS_NOTIFY_CHANNEL = "relay_runs"
 # Largest JSON request body any API view parses; larger is a 413 before it is read.
 API_MAX_BODY_BYTES = env.int("API_MAX_BODY_BYTES", default=2 * 1024 * 1024)
+
+# Push triggers (/api/events). Sizes in bytes.
+EVENTS_MAX_BODY_BYTES = env.int("EVENTS_MAX_BODY_BYTES", default=64 * 1024 * 1024)
+EVENTS_MAX_DECOMPRESSED_BYTES = env.int("EVENTS_MAX_DECOMPRESSED_BYTES", default=256 * 1024 * 1024)
+EVENTS_MAX_GZIP_RATIO = env.int("EVENTS_MAX_GZIP_RATIO", default=100)
+EVENTS_STUCK_AFTER = env.int("EVENTS_STUCK_AFTER", default=120)  # seconds in `received`
 
 # How often "last used" may be written for one token.
 TOKEN_LAST_USED_RESOLUTION = 60

@@ -3,6 +3,8 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from triggers.api.views import EventIngestView
+
 
 def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok"})
@@ -14,6 +16,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("api/", include("puppet_connection.api.urls")),
     path("api/", include("triggers.api.urls")),
+    path("api/events", EventIngestView.as_view(), name="events"),
     path("_puppet/", include("runs.api.urls")),
     path("healthz", healthz, name="healthz"),
 ]

@@ -16,5 +16,6 @@ os.environ.setdefault("VAULT_ADDR", "http://127.0.0.1:1")
 from relay.settings import *  # noqa: E402, F403
 
 STATIC_ROOT = Path(tempfile.mkdtemp(prefix="relay-static-"))
+STORAGES["events"]["OPTIONS"]["location"] = tempfile.mkdtemp(prefix="relay-events-")  # noqa: F405
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # speed, not security
 STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}  # noqa: F405

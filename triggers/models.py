@@ -119,6 +119,20 @@ class Event(models.Model):
             models.Index(fields=["trigger", "key"]),
             models.Index(fields=["trigger", "body_sha256"]),
         ]
+        # One read report per (trigger, transaction_uuid) and per (trigger, key): a second is a
+        # resend and ends `duplicate`. Enforced here so that two workers cannot both win.
+        constraints = [
+            models.UniqueConstraint(
+                fields=["trigger", "transaction_uuid"],
+                condition=models.Q(state__in=["matched", "filtered"]) & ~models.Q(transaction_uuid=""),
+                name="one_report_per_transaction",
+            ),
+            models.UniqueConstraint(
+                fields=["trigger", "key"],
+                condition=models.Q(state__in=["matched", "filtered"]) & ~models.Q(key=""),
+                name="one_report_per_key",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.host or 'event'} {self.id}"

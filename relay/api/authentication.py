@@ -83,3 +83,7 @@ class ConnectionTokenAuthentication(HolderTokenAuthentication):
                 request.META.get("HTTP_X_RELAY_PLATFORM", ""), request.META.get("HTTP_X_RELAY_BACKEND", "")
             )
         return result
+
+
+class TriggerTokenAuthentication(HolderTokenAuthentication):
+    holder_model_label = "triggers.Trigger"

@@ -5,8 +5,20 @@ from rest_framework.views import APIView
 from relay.tokens import TokenHolder
 
 
-class IsConnection(BasePermission):
-    """The request carries a valid connection token (see ConnectionTokenAuthentication)."""
+class _HoldsToken(BasePermission):
+    prefix = ""
 
     def has_permission(self, request: Request, view: APIView) -> bool:
-        return isinstance(request.auth, TokenHolder) and request.auth.TOKEN_PREFIX == "rlyp"
+        return isinstance(request.auth, TokenHolder) and request.auth.TOKEN_PREFIX == self.prefix
+
+
+class IsConnection(_HoldsToken):
+    """The request carries a valid connection token (see ConnectionTokenAuthentication)."""
+
+    prefix = "rlyp"
+
+
+class IsTrigger(_HoldsToken):
+    """The request carries a valid push-trigger token (see TriggerTokenAuthentication)."""
+
+    prefix = "rlyt"

@@ -1,0 +1,215 @@
+"""From a read document to the event's summary: which report it is, what changed.
+
+Reports come in three shapes: a Relay push body `{"data": {...}, "key": ...}` from the
+Puppet module's report processor (a subset of the report), or a whole Puppet report (YAML
+from Puppet's http processor, or JSON), from Puppet 2.6 to 8. Fields old reports lack are
+derived as Puppet itself does (status from the resources, counts from the events).
+"""
+
+import fnmatch
+from dataclasses import dataclass
+from typing import Any
+
+from triggers.parsing import UnreadableReport, canonical_time
+
+SUMMARY_FIELDS = (
+    "host",
+    "status",
+    "noop",
+    "noop_pending",
+    "environment",
+    "time",
+    "configuration_version",
+    "transaction_uuid",
+    "code_id",
+    "corrective_change",
+    "report_format",
+    "puppet_version",
+)
+INLINE_RESOURCES = 200  # the rest are counted, and are in the offloaded report
+
+
+@dataclass
+class Report:
+    report: dict[str, Any]  # the normalised report
+    key: str  # the push body's key ("" when none)
+    resources: list[dict[str, Any]]  # changed, out of sync or failed
+    summary: dict[str, Any]
+
+
+def recognise(document: Any) -> tuple[dict[str, Any], str]:
+    """(the report, the push key) from a read document; UnreadableReport if it is none."""
+    if isinstance(document, dict) and isinstance(document.get("data"), dict) and "host" not in document:
+        key = document.get("key")
+        if key is not None and not isinstance(key, str | int):
+            raise UnreadableReport("The push body's key must be a string.")
+        document, key = document["data"], str(key or "")
+    else:
+        key = ""
+    if not isinstance(document, dict):
+        raise UnreadableReport(f"Not a Puppet report: the document is a {_kind(document)}, not a mapping.")
+    if not isinstance(document.get("host"), str) or not document["host"]:
+        raise UnreadableReport("Not a Puppet report: it has no host.")
+    return document, key[:255]
+
+
+def _kind(value: Any) -> str:
+    return {list: "list", str: "string", int: "number", float: "number", type(None): "null"}.get(
+        type(value), "value"
+    )
+
+
+def _times(value: Any) -> Any:
+    """`time` fields in their canonical ISO form, wherever they are."""
+    if isinstance(value, dict):
+        return {k: canonical_time(v) if k == "time" else _times(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_times(v) for v in value]
+    return value
+
+
+def _statuses(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    statuses = report.get("resource_statuses") or {}
+    if isinstance(statuses, list):  # some tools send a list
+        return [(str(s.get("resource", "")), s) for s in statuses if isinstance(s, dict)]
+    if not isinstance(statuses, dict):
+        return []
+    return [(str(name), s) for name, s in statuses.items() if isinstance(s, dict)]
+
+
+def _split(resource: str) -> tuple[str, str]:
+    kind, _, title = resource.partition("[")
+    return kind, title[:-1] if title.endswith("]") else title
+
+
+def _resource(name: str, status: dict[str, Any]) -> dict[str, Any]:
+    events = [e for e in status.get("events") or [] if isinstance(e, dict)]
+    kind, title = _split(str(status.get("resource") or name))
+    failed = bool(status.get("failed")) or any(e.get("status") == "failure" for e in events)
+    change_count = status.get("change_count")
+    if not isinstance(change_count, int):
+        change_count = sum(1 for e in events if e.get("status") == "success")
+    out_of_sync_count = status.get("out_of_sync_count")
+    if not isinstance(out_of_sync_count, int):
+        out_of_sync_count = sum(1 for e in events if e.get("status") in ("success", "failure", "noop"))
+    return {
+        "type": str(status.get("resource_type") or kind),
+        "title": str(status.get("title") or title),
+        "containment_path": [str(p) for p in status.get("containment_path") or []],
+        "tags": [str(t) for t in status.get("tags") or []],
+        "corrective_change": bool(status.get("corrective_change")),
+        "change_count": change_count,
+        "out_of_sync_count": out_of_sync_count,
+        "changed": bool(status.get("changed")) or change_count > 0,
+        "out_of_sync": bool(status.get("out_of_sync")) or out_of_sync_count > 0,
+        "failed": failed,
+        "noop": any(e.get("status") == "noop" for e in events),
+    }
+
+
+def _metrics(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    totals: dict[str, dict[str, Any]] = {}
+    metrics = report.get("metrics")
+    if not isinstance(metrics, dict):
+        return totals
+    for category, metric in metrics.items():
+        values = metric.get("values") if isinstance(metric, dict) else None
+        if not isinstance(values, list):
+            continue
+        totals[str(category)] = {
+            str(row[0]): row[2]
+            for row in values
+            if isinstance(row, list) and len(row) >= 3 and row[0] is not None
+        }
+    return totals
+
+
+def analyse(document: Any) -> Report:
+    report, key = recognise(document)
+    report = _times(report)
+    every = [_resource(name, status) for name, status in _statuses(report)]
+    interesting = [r for r in every if r["changed"] or r["out_of_sync"] or r["failed"]]
+    summary = {field: report.get(field) for field in SUMMARY_FIELDS}
+    if summary["status"] not in ("failed", "changed", "unchanged"):
+        # As Puppet computes it: old reports (2.6) carry none.
+        summary["status"] = (
+            "failed"
+            if any(r["failed"] for r in every)
+            else "changed"
+            if any(r["changed"] for r in every)
+            else "unchanged"
+        )
+    if summary["noop_pending"] is None:
+        summary["noop_pending"] = any(r["noop"] for r in every)
+    if summary["corrective_change"] is None:
+        summary["corrective_change"] = any(r["corrective_change"] for r in interesting)
+    for field in ("noop", "noop_pending", "corrective_change"):
+        summary[field] = bool(summary[field])
+    for field in ("configuration_version", "transaction_uuid", "code_id", "environment", "puppet_version"):
+        if summary[field] is not None:
+            summary[field] = str(summary[field])
+    summary["metrics"] = _metrics(report)
+    summary["resources"] = [
+        {k: v for k, v in r.items() if k != "noop"} for r in interesting[:INLINE_RESOURCES]
+    ]
+    summary["resources_total"] = len(interesting)
+    return Report(report=report, key=key, resources=interesting, summary=summary)
+
+
+def logs_of(report: dict[str, Any]) -> list[Any]:
+    logs = report.get("logs")
+    return logs if isinstance(logs, list) else []
+
+
+def events_of(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every resource event, each with the resource it belongs to."""
+    return [
+        {"resource": name, **event}
+        for name, status in _statuses(report)
+        for event in status.get("events") or []
+        if isinstance(event, dict)
+    ]
+
+
+@dataclass
+class Filters:
+    """A trigger's filters; empty lists match anything."""
+
+    statuses: list[str]
+    environments: list[str]
+    host_globs: list[str]
+    resource_types: list[str]
+    title_globs: list[str]
+    tags: list[str]
+
+    def matches(self, summary: dict[str, Any], resources: list[dict[str, Any]]) -> bool:
+        if self.statuses:
+            if summary["status"] not in self.statuses:
+                return False
+        elif summary["status"] == "unchanged" and not summary["noop_pending"]:
+            return False  # the shipped report processor's rule
+        if self.environments and summary.get("environment") not in self.environments:
+            return False
+        if self.host_globs and not any(
+            fnmatch.fnmatchcase(summary["host"], glob) for glob in self.host_globs
+        ):
+            return False
+        if self.resource_types or self.title_globs or self.tags:
+            return any(self._resource_matches(r) for r in resources)
+        return True
+
+    def _resource_matches(self, resource: dict[str, Any]) -> bool:
+        if self.resource_types and resource["type"].lower() not in {t.lower() for t in self.resource_types}:
+            return False
+        if self.title_globs and not any(fnmatch.fnmatchcase(resource["title"], g) for g in self.title_globs):
+            return False
+        if self.tags:
+            # Puppet tags every resource with its classes (`profile::web`); the containment
+            # path names them too (`Class[Profile::Web]` or `Profile::Web`).
+            carried = {t.lower() for t in resource["tags"]}
+            for step in resource["containment_path"]:
+                kind, title = _split(step)
+                carried.add((title if kind == "Class" else step).lower())
+            if not carried & {t.lower() for t in self.tags}:
+                return False
+        return True

@@ -1,0 +1,107 @@
+"""The worker's side of an event: read it, summarise it, offload its large parts, filter it."""
+
+import hashlib
+import json
+import logging
+from typing import Any
+
+from django.core.files.base import ContentFile
+from django.core.files.storage import storages
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from triggers import parsing
+from triggers.ingest import body_name
+from triggers.models import BodyFormat, Event, EventState
+from triggers.reports import Filters, analyse, events_of, logs_of
+
+log = logging.getLogger(__name__)
+
+
+def read(event: Event, data: bytes) -> Any:
+    """The document as plain data, or UnreadableReport."""
+    document = parsing.load_yaml(data) if event.body_format == BodyFormat.YAML else parsing.load_json(data)
+    # A node needs a few bytes of text, unless aliases multiply it: anything far beyond is a bomb.
+    return parsing.plain(document, budget=1_000_000 + len(data) // 2)
+
+
+def offload(value: Any) -> dict[str, Any]:
+    """Store a part as JSON under its SHA-256; returns {name, size, sha256}."""
+    data = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    sha256 = hashlib.sha256(data).hexdigest()
+    name = f"parts/{sha256[:2]}/{sha256[2:4]}/{sha256}.json"
+    storage = storages["events"]
+    if not storage.exists(name):
+        storage.save(name, ContentFile(data))
+    return {"name": name, "size": len(data), "sha256": sha256}
+
+
+def process(event_id: str) -> None:
+    """Idempotent: an event that is not `received` any more is left as it is. Storage and
+    database errors propagate (the task retries); an unreadable document fails the event."""
+    event = Event.objects.select_related("trigger").filter(pk=event_id, state=EventState.RECEIVED).first()
+    if event is None:
+        return
+    Event.objects.filter(pk=event.pk).update(attempts=event.attempts + 1)
+    with storages["events"].open(body_name(event.body_sha256), "rb") as body:
+        data = body.read()
+    try:
+        analysed = analyse(read(event, data))
+    except parsing.UnreadableReport as exc:
+        _finish(event, EventState.FAILED, failure_reason=str(exc))
+        log.info("event %s failed: %s", event.pk, exc)
+        return
+
+    # Large parts go to storage now, before the event points at them.
+    parts = {
+        "report": offload(analysed.report),
+        "logs": offload(logs_of(analysed.report)),
+        "events": offload(events_of(analysed.report)),
+    }
+    trigger = event.trigger
+    filters = Filters(
+        trigger.statuses,
+        trigger.environments,
+        trigger.host_globs,
+        trigger.resource_types,
+        trigger.title_globs,
+        trigger.tags,
+    )
+    state = (
+        EventState.MATCHED if filters.matches(analysed.summary, analysed.resources) else EventState.FILTERED
+    )
+    found = {
+        "summary": analysed.summary,
+        "parts": parts,
+        "host": analysed.summary["host"][:255],
+        "status": analysed.summary["status"],
+        "transaction_uuid": str(analysed.summary.get("transaction_uuid") or "")[:64],
+        "key": analysed.key,
+    }
+    try:
+        with transaction.atomic():
+            _finish(event, state, **found)
+    except IntegrityError:
+        # Another event of this trigger holds the same transaction_uuid or key (the unique
+        # indexes say so, race-free): this one is a resend.
+        original = _original(event, found["transaction_uuid"], found["key"])
+        _finish(event, EventState.DUPLICATE, duplicate_of=original, **found)
+
+
+def _original(event: Event, transaction_uuid: str, key: str) -> Event | None:
+    same = Q(transaction_uuid=transaction_uuid) if transaction_uuid else Q()
+    if key:
+        same = same | Q(key=key) if transaction_uuid else Q(key=key)
+    return (
+        Event.objects.filter(same, trigger=event.trigger, state__in=(EventState.MATCHED, EventState.FILTERED))
+        .exclude(pk=event.pk)
+        .first()
+    )
+
+
+def _finish(event: Event, state: str, **fields: Any) -> None:
+    # Only from `received`: a second delivery of the same task changes nothing.
+    Event.objects.filter(pk=event.pk, state=EventState.RECEIVED).update(
+        state=state, processed_at=timezone.now(), **fields
+    )

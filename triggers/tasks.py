@@ -1,0 +1,47 @@
+import logging
+from datetime import timedelta
+
+from celery import shared_task
+from django.conf import settings
+from django.db import DatabaseError
+from django.utils import timezone
+
+from triggers import services
+from triggers.models import Event, EventState
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=8)
+def process_event(self: object, event_id: str) -> None:
+    """Read, summarise, offload and filter one event (triggers.services.process).
+
+    Takes the event id, never the body. Retry policy: storage and database errors are
+    transient and retried after 2, 4, 8 … seconds (at most 5 minutes apart, 8 times); after
+    that the event stays `received` and requeue_stuck_events sends it again. An unreadable
+    document is no error of the worker: the event ends `failed` with the reason."""
+    try:
+        services.process(event_id)
+    except (OSError, DatabaseError) as exc:
+        log.warning("event %s: %s; retrying", event_id, exc)
+        raise self.retry(exc=exc, countdown=min(2 ** (self.request.retries + 1), 300)) from exc
+
+
+@shared_task(acks_late=True)
+def requeue_stuck_events() -> int:
+    """Send again the events still `received` after EVENTS_STUCK_AFTER seconds: a lost broker
+    message, a dead worker or a broker that was down when the event came in loses nothing."""
+    return requeue_received_before(timezone.now() - timedelta(seconds=settings.EVENTS_STUCK_AFTER))
+
+
+def requeue_received_before(moment: object) -> int:
+    ids = list(
+        Event.objects.filter(state=EventState.RECEIVED, received_at__lt=moment)
+        .order_by("received_at")
+        .values_list("pk", flat=True)[:1000]
+    )
+    for event_id in ids:
+        process_event.delay(str(event_id))
+    if ids:
+        log.info("requeued %d events stuck in received", len(ids))
+    return len(ids)
