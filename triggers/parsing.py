@@ -89,10 +89,21 @@ def _parse_time(text: str) -> datetime | None:
         return None
 
 
+def _text(data: bytes) -> str:
+    """Reports are UTF-8 (a UTF-8 byte-order mark is allowed); nothing else is guessed at."""
+    try:
+        return data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as exc:
+        raise UnreadableReport(
+            f"The report is not valid UTF-8: byte {exc.start} is {data[exc.start : exc.start + 1]!r}."
+        ) from None
+
+
 def load_yaml(data: bytes) -> Any:
     """The reference reader: PyYAML's CSafeLoader with every tag stripped."""
+    text = _text(data)
     try:
-        return yaml.load(data, Loader=ReportLoader)  # noqa: S506 - ReportLoader builds plain data only
+        return yaml.load(text, Loader=ReportLoader)  # noqa: S506 - ReportLoader builds plain data only
     except RecursionError:
         raise UnreadableReport(
             f"The YAML is nested deeper than this reader allows ({MAX_DEPTH} levels)."
@@ -102,13 +113,14 @@ def load_yaml(data: bytes) -> Any:
 
 
 def load_json(data: bytes) -> Any:
+    text = _text(data)
     try:
-        return json.loads(data)
+        return json.loads(text)
     except RecursionError:
         raise UnreadableReport(
             f"The JSON is nested deeper than this reader allows ({MAX_DEPTH} levels)."
         ) from None
-    except (ValueError, UnicodeDecodeError) as exc:
+    except ValueError as exc:
         raise UnreadableReport(f"The JSON cannot be read: {exc}") from None
 
 
