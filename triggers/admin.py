@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils.html import format_html, format_html_join
 
 from relay.admin import TokenHolderAdmin
 from triggers.models import Event, Trigger
@@ -55,7 +56,33 @@ class EventAdmin(admin.ModelAdmin):
     date_hierarchy = "received_at"
 
     def get_readonly_fields(self, request: HttpRequest, obj: Event | None = None) -> list[str]:
-        return [field.name for field in Event._meta.fields]
+        return ["report_summary", *(field.name for field in Event._meta.fields)]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+    @admin.display(description="Summary")
+    def report_summary(self, event: Event) -> str:
+        summary = event.summary
+        if not summary:
+            return event.failure_reason or "Not read yet."
+        head = format_html(
+            "<p><strong>{}</strong>: {} in {} at {} (Puppet {}{})</p>",
+            summary["host"],
+            summary["status"],
+            summary.get("environment") or "?",
+            summary.get("time") or "?",
+            summary.get("puppet_version") or "?",
+            ", noop" if summary.get("noop") else "",
+        )
+        rows = format_html_join(
+            "",
+            "<li>{}[{}]: {} change(s){}</li>",
+            (
+                (r["type"], r["title"], r["change_count"], " FAILED" if r["failed"] else "")
+                for r in summary.get("resources", [])[:50]
+            ),
+        )
+        more = summary.get("resources_total", 0) - min(50, len(summary.get("resources", [])))
+        tail = format_html("<p>and {} more</p>", more) if more > 0 else ""
+        return format_html("{}<ul>{}</ul>{}", head, rows, tail)

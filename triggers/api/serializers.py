@@ -3,7 +3,7 @@ from typing import Any
 from rest_framework import serializers
 
 from relay.api.serializers import StrictCharField, TokenField, TokenHolderSerializer
-from triggers.models import Trigger
+from triggers.models import Event, Trigger
 
 REPORT_STATUSES = ["changed", "failed", "unchanged"]
 
@@ -71,3 +71,42 @@ class TriggerTokenSerializer(TriggerSerializer):
 
     class Meta(TriggerSerializer.Meta):
         fields = [*TriggerSerializer.Meta.fields, "token"]
+
+
+class EventSerializer(serializers.ModelSerializer):
+    parts = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Event
+        fields = [
+            "id",
+            "state",
+            "received_at",
+            "processed_at",
+            "host",
+            "status",
+            "key",
+            "transaction_uuid",
+            "failure_reason",
+            "duplicate_of",
+            "body_format",
+            "body_size",
+            "body_sha256",
+            "summary",
+            "parts",
+        ]
+
+    def get_parts(self, event: Event) -> dict[str, dict[str, Any]]:
+        """Each offloaded part, and the body as received, with a link to download it."""
+        request = self.context["request"]
+        parts = {"body": {"size": event.body_size, "sha256": event.body_sha256}}
+        parts.update({name: {"size": p["size"], "sha256": p["sha256"]} for name, p in event.parts.items()})
+        base = f"/api/triggers/{event.trigger_id}/events/{event.id}/parts/"
+        return {
+            name: {**meta, "url": request.build_absolute_uri(base + name)} for name, meta in parts.items()
+        }
+
+
+class EventListSerializer(EventSerializer):
+    class Meta(EventSerializer.Meta):
+        fields = [f for f in EventSerializer.Meta.fields if f not in ("summary", "parts")]

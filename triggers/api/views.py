@@ -1,5 +1,8 @@
-from drf_spectacular.utils import extend_schema, extend_schema_view, inline_serializer
-from rest_framework import serializers, status
+from django.core.files.storage import storages
+from django.db.models import QuerySet
+from django.http import FileResponse
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view, inline_serializer
+from rest_framework import exceptions, mixins, serializers, status, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -7,9 +10,14 @@ from rest_framework.views import APIView
 from relay.api.authentication import TriggerTokenAuthentication
 from relay.api.permissions import IsTrigger
 from relay.api.views import TokenHolderViewSet
-from triggers.api.serializers import TriggerSerializer, TriggerTokenSerializer
-from triggers.ingest import receive
-from triggers.models import Trigger
+from triggers.api.serializers import (
+    EventListSerializer,
+    EventSerializer,
+    TriggerSerializer,
+    TriggerTokenSerializer,
+)
+from triggers.ingest import body_name, receive
+from triggers.models import Event, EventState, Trigger
 
 
 @extend_schema_view(
@@ -40,3 +48,57 @@ class EventIngestView(APIView):
     def post(self, request: Request) -> Response:
         event, _ = receive(request._request, request.auth)
         return Response({"id": str(event.id)}, status=status.HTTP_202_ACCEPTED)
+
+
+@extend_schema_view(
+    list=extend_schema(
+        parameters=[
+            OpenApiParameter("state", enum=[s.value for s in EventState]),
+            OpenApiParameter("host", str),
+            OpenApiParameter("status", enum=["changed", "unchanged", "failed"]),
+        ]
+    )
+)
+class EventViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """A trigger's events, newest first, to its owner (and staff)."""
+
+    queryset = Event.objects.none()  # the model, for the schema; get_queryset() scopes
+    serializer_class = EventSerializer
+    lookup_value_converter = "uuid"
+
+    def get_serializer_class(self) -> type:
+        return EventListSerializer if self.action == "list" else EventSerializer
+
+    def get_queryset(self) -> QuerySet[Event]:
+        triggers = (
+            Trigger.objects.all()
+            if self.request.user.is_staff
+            else Trigger.objects.filter(owner=self.request.user)
+        )
+        trigger = triggers.filter(pk=self.kwargs["trigger_pk"]).first()
+        if trigger is None:
+            raise exceptions.NotFound("No such trigger.")
+        events = Event.objects.filter(trigger=trigger)
+        for field in ("state", "host", "status"):
+            value = self.request.query_params.get(field)
+            if value:
+                events = events.filter(**{field: value})
+        return events
+
+    @extend_schema(responses={(200, "application/octet-stream"): bytes})
+    def part(self, request: Request, trigger_pk: str, pk: str, name: str) -> FileResponse:
+        """Download an offloaded part (`report`, `logs`, `events`) or the `body` as received,
+        streamed from storage."""
+        event = self.get_object()
+        if name == "body":
+            stored, content_type = (
+                body_name(event.body_sha256),
+                ("application/x-yaml" if event.body_format == "yaml" else "application/json"),
+            )
+        elif name in event.parts:
+            stored, content_type = event.parts[name]["name"], "application/json"
+        else:
+            raise exceptions.NotFound(f"This event has no part {name!r}.")
+        response = FileResponse(storages["events"].open(stored, "rb"), content_type=content_type)
+        response["Content-Disposition"] = f'attachment; filename="{event.pk}-{name}"'
+        return response
