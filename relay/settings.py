@@ -255,6 +255,9 @@ EVENTS_MAX_BODY_BYTES = env.int("EVENTS_MAX_BODY_BYTES", default=64 * 1024 * 102
 EVENTS_MAX_DECOMPRESSED_BYTES = env.int("EVENTS_MAX_DECOMPRESSED_BYTES", default=256 * 1024 * 1024)
 EVENTS_MAX_GZIP_RATIO = env.int("EVENTS_MAX_GZIP_RATIO", default=100)
 EVENTS_STUCK_AFTER = env.int("EVENTS_STUCK_AFTER", default=120)  # seconds in `received`
+# Where users reach this service, for links in notifications.
+RELAY_PUBLIC_URL = env.str("RELAY_PUBLIC_URL", default="http://127.0.0.1:8000").rstrip("/")
+SLACK_TIMEOUT = env.float("SLACK_TIMEOUT", default=10.0)
 
 # How often "last used" may be written for one token.
 TOKEN_LAST_USED_RESOLUTION = 60

@@ -109,6 +109,10 @@ class Event(models.Model):
     parts = models.JSONField(default=dict, blank=True)
     failure_reason = models.TextField(blank=True)
     duplicate_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL)
+    # The Slack message for a match: "" (none to send), pending, sent or failed (see detail).
+    notification = models.CharField(max_length=16, blank=True)
+    notification_detail = models.TextField(blank=True)
+    notified_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-received_at"]

@@ -198,6 +198,10 @@ class Filters:
             return any(self._resource_matches(r) for r in resources)
         return True
 
+    def matching(self, resources: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The changed resources that the resource filters pick (all, without such filters)."""
+        return [r for r in resources if self._resource_matches(r)]
+
     def _resource_matches(self, resource: dict[str, Any]) -> bool:
         if self.resource_types and resource["type"].lower() not in {t.lower() for t in self.resource_types}:
             return False

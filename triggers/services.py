@@ -5,13 +5,14 @@ import json
 import logging
 from typing import Any
 
+from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import storages
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from triggers import parsing
+from triggers import parsing, slack
 from triggers.ingest import body_name
 from triggers.models import BodyFormat, Event, EventState
 from triggers.reports import Filters, analyse, events_of, logs_of
@@ -71,7 +72,9 @@ def process(event_id: str) -> None:
     state = (
         EventState.MATCHED if filters.matches(analysed.summary, analysed.resources) else EventState.FILTERED
     )
+    send_message = state == EventState.MATCHED and trigger.has_slack_webhook
     found = {
+        "notification": "pending" if send_message else "",
         "summary": analysed.summary,
         "parts": parts,
         "host": analysed.summary["host"][:255],
@@ -81,12 +84,13 @@ def process(event_id: str) -> None:
     }
     try:
         with transaction.atomic():
-            _finish(event, state, **found)
+            if _finish(event, state, **found) and send_message:
+                transaction.on_commit(lambda: _queue_notification(event.pk))
     except IntegrityError:
         # Another event of this trigger holds the same transaction_uuid or key (the unique
         # indexes say so, race-free): this one is a resend.
         original = _original(event, found["transaction_uuid"], found["key"])
-        _finish(event, EventState.DUPLICATE, duplicate_of=original, **found)
+        _finish(event, EventState.DUPLICATE, duplicate_of=original, **{**found, "notification": ""})
 
 
 def _original(event: Event, transaction_uuid: str, key: str) -> Event | None:
@@ -100,8 +104,49 @@ def _original(event: Event, transaction_uuid: str, key: str) -> Event | None:
     )
 
 
-def _finish(event: Event, state: str, **fields: Any) -> None:
+def _finish(event: Event, state: str, **fields: Any) -> bool:
     # Only from `received`: a second delivery of the same task changes nothing.
-    Event.objects.filter(pk=event.pk, state=EventState.RECEIVED).update(
-        state=state, processed_at=timezone.now(), **fields
+    return bool(
+        Event.objects.filter(pk=event.pk, state=EventState.RECEIVED).update(
+            state=state, processed_at=timezone.now(), **fields
+        )
+    )
+
+
+def _queue_notification(event_id: object) -> None:
+    from triggers.tasks import notify_slack
+
+    try:
+        notify_slack.delay(str(event_id))
+    except Exception:
+        log.warning("could not queue the notification of event %s", event_id)
+
+
+def notify(event_id: str) -> None:
+    """Send the Slack message of a matched event, once. Raises SlackError when it could not
+    be delivered (its `transient` says whether to try again)."""
+    event = Event.objects.select_related("trigger").filter(pk=event_id, notification="pending").first()
+    if event is None:
+        return
+    trigger = event.trigger
+    filters = Filters(
+        trigger.statuses,
+        trigger.environments,
+        trigger.host_globs,
+        trigger.resource_types,
+        trigger.title_globs,
+        trigger.tags,
+    )
+    link = f"{settings.RELAY_PUBLIC_URL}/api/triggers/{trigger.pk}/events/{event.pk}/"
+    url = trigger.slack_webhook_url()
+    if not url:
+        record_notification(event_id, "failed", "The trigger has no Slack webhook any more.")
+        return
+    slack.post_message(url, slack.message(event.summary, filters.matching(event.summary["resources"]), link))
+    record_notification(event_id, "sent", "")
+
+
+def record_notification(event_id: str, outcome: str, detail: str) -> None:
+    Event.objects.filter(pk=event_id, notification="pending").update(
+        notification=outcome, notification_detail=detail[:2000], notified_at=timezone.now()
     )

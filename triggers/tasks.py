@@ -6,7 +6,8 @@ from django.conf import settings
 from django.db import DatabaseError
 from django.utils import timezone
 
-from triggers import services
+from relay import vault
+from triggers import services, slack
 from triggers.models import Event, EventState
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,21 @@ def process_event(self: object, event_id: str) -> None:
         raise self.retry(exc=exc, countdown=min(2 ** (self.request.retries + 1), 300)) from exc
 
 
+@shared_task(bind=True, acks_late=True, max_retries=6)
+def notify_slack(self: object, event_id: str) -> None:
+    """Post a matched event's Slack message. Retry policy: network errors, 429 and 5xx are
+    retried after 10, 20, 40 … seconds (6 times); any other answer, or the last try, is
+    recorded on the event as `failed` with what Slack said."""
+    try:
+        services.notify(event_id)
+    except slack.SlackError as exc:
+        if exc.transient and self.request.retries < self.max_retries:
+            raise self.retry(exc=exc, countdown=10 * 2**self.request.retries) from exc
+        services.record_notification(event_id, "failed", str(exc))
+    except vault.VaultUnavailable as exc:
+        raise self.retry(exc=exc, countdown=10 * 2**self.request.retries) from exc
+
+
 @shared_task(acks_late=True)
 def requeue_stuck_events() -> int:
     """Send again the events still `received` after EVENTS_STUCK_AFTER seconds: a lost broker
@@ -42,6 +58,11 @@ def requeue_received_before(moment: object) -> int:
     )
     for event_id in ids:
         process_event.delay(str(event_id))
+    # Notifications whose task was lost (broker down when the event was read).
+    for event_id in Event.objects.filter(notification="pending", processed_at__lt=moment).values_list(
+        "pk", flat=True
+    )[:1000]:
+        notify_slack.delay(str(event_id))
     if ids:
         log.info("requeued %d events stuck in received", len(ids))
     return len(ids)
