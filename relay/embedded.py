@@ -114,9 +114,9 @@ def start_openbao(stack: Stack, env: dict[str, str]) -> None:
         home / "openbao.log",
     )
     client = hvac.Client(url=addr, timeout=30)  # the first raft election takes seconds
-    wait_for(
-        lambda: client.sys.read_health_status(method="GET").status_code in (200, 429, 501, 503), "openbao"
-    )
+    health = f"{addr}/v1/sys/health"
+    # Any answer means it listens: 501 uninitialised, 503 sealed, 429 standby, 200 active.
+    wait_for(lambda: requests.get(health, timeout=2).status_code in (200, 429, 501, 503), "openbao")
 
     keys_file = home / "init.json"
     if not client.sys.is_initialized():
@@ -126,6 +126,8 @@ def start_openbao(stack: Stack, env: dict[str, str]) -> None:
     init = json.loads(keys_file.read_text())
     if client.sys.is_sealed():
         client.sys.submit_unseal_keys(init["keys"])
+    # Unsealed is not yet active: raft elects its leader first, and until then writes fail.
+    wait_for(lambda: requests.get(health, timeout=2).status_code == 200, "openbao (active)")
     say(
         "WARNING: the embedded OpenBao keeps its unseal key next to its data. That is for "
         "single-machine use only; production uses an external Vault (README, 'Production')."
