@@ -10,12 +10,14 @@ os.environ.setdefault("TOKEN_PEPPERS", "1=test-only-pepper-number-one-0123456789
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/relay")
 for name in ("SECURE_SSL_REDIRECT", "SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE"):
     os.environ.setdefault(name, "false")
+# In os.environ, so that worker processes the tests start share them.
+os.environ.setdefault("EVENTS_STORAGE_LOCATION", tempfile.mkdtemp(prefix="relay-events-"))
+os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")  # the tests' own Redis db
 # conftest.py points these at the OpenBao dev server the test session starts.
 os.environ.setdefault("VAULT_ADDR", "http://127.0.0.1:1")
 
 from relay.settings import *  # noqa: E402, F403
 
 STATIC_ROOT = Path(tempfile.mkdtemp(prefix="relay-static-"))
-STORAGES["events"]["OPTIONS"]["location"] = tempfile.mkdtemp(prefix="relay-events-")  # noqa: F405
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # speed, not security
 STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}  # noqa: F405

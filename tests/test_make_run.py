@@ -33,6 +33,7 @@ TEST_ONLY = (
     "DATABASE_URL",
     "REDIS_URL",
     "CELERY_",
+    "EVENTS_",
 )
 
 
