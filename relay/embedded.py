@@ -105,8 +105,11 @@ def start_openbao(stack: Stack, env: dict[str, str]) -> None:
     (home / "config.hcl").write_text(
         OPENBAO_CONFIG.format(data=home / "data", port=port, cluster_port=port + 1)
     )
-    if port_in_use(port):
-        raise SystemExit(f"port {port} is taken; set VAULT_PORT to another port")
+    for taken in (port, port + 1):
+        if port_in_use(taken):
+            raise SystemExit(
+                f"port {taken} is taken; OpenBao needs VAULT_PORT and VAULT_PORT + 1: set VAULT_PORT"
+            )
     stack.start(
         "openbao",
         [str(BIN_DIR / "bao"), "server", f"-config={home / 'config.hcl'}"],

@@ -89,6 +89,14 @@ class Service:
         return self.process.wait(timeout=60)
 
 
+def free_port_pair() -> int:
+    """A port whose next one is free too (OpenBao's raft cluster port is VAULT_PORT + 1)."""
+    while True:
+        port = free_port()
+        if port < 65535 and not listening(port + 1):
+            return port
+
+
 def listening(port: int) -> bool:
     with socket.socket() as sock:
         return sock.connect_ex(("127.0.0.1", port)) == 0
@@ -97,7 +105,7 @@ def listening(port: int) -> bool:
 @pytest.mark.django_db(False)
 def test_make_run_starts_everything_keeps_secrets_across_restarts_and_stops_cleanly(tmp_path):
     var = tmp_path / "var"
-    ports = {"PORT": str(free_port()), "VAULT_PORT": str(free_port())}
+    ports = {"PORT": str(free_port()), "VAULT_PORT": str(free_port_pair())}
     service = Service(var, **ports)
     try:
         service.wait_for_line("Relay is up")

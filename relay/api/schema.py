@@ -14,3 +14,16 @@ class ConnectionTokenScheme(OpenApiAuthenticationExtension):
             "description": "The connection's token (rlyp_...). HTTP Basic with the token as the "
             "password is accepted too.",
         }
+
+
+class TriggerTokenScheme(OpenApiAuthenticationExtension):
+    target_class = "relay.api.authentication.TriggerTokenAuthentication"
+    name = "triggerToken"
+
+    def get_security_definition(self, auto_schema: object) -> dict[str, str]:
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "The push trigger's token (rlyt_...). HTTP Basic with the token as the password "
+            "(any user name) is accepted too, as Puppet's reporturl sends it.",
+        }
