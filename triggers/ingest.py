@@ -23,6 +23,7 @@ from triggers.models import BodyFormat, Event, Trigger
 
 log = logging.getLogger(__name__)
 CHUNK = 64 * 1024
+SPOOL_IN_MEMORY = 256 * 1024
 # Content types Puppet and the report processor send, and what the worker reads them as.
 FORMATS = {
     "application/json": BodyFormat.JSON,
@@ -124,8 +125,9 @@ def receive(request: HttpRequest, trigger: Trigger) -> tuple[Event, bool]:
     length = content_length(request)
     gzipped = request.META.get("HTTP_CONTENT_ENCODING", "").strip().lower() == "gzip"
     storage = storages["events"]
-    # Small bodies stay in memory; larger ones go to a temporary file: memory is bounded.
-    with tempfile.SpooledTemporaryFile(max_size=4 * 1024 * 1024) as spool:
+    # Up to SPOOL_IN_MEMORY of a body stays in memory, the rest goes to a temporary file: a
+    # web process's memory does not grow with report size, however many arrive at once.
+    with tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY) as spool:
         sha256 = spool_body(request, length, gzipped, spool)
         size = spool.tell()
         existing = Event.objects.filter(trigger=trigger, body_sha256=sha256).first()

@@ -1,0 +1,245 @@
+"""Benchmark of report ingestion, on a report a real `puppet apply` makes.
+
+    .venv/bin/python bench/ingest.py [--resources 3200] [--uploads 30] [--concurrent 20]
+
+Prints: the report's size; reference parse speed (PyYAML CSafeLoader with tag stripping) and
+rapidyaml's (parse, JSON emit, json.loads) in MB/s in the same run; 202 latency p50/p99 for
+the report against gunicorn; the web workers' peak RSS while `--concurrent` such reports
+arrive at once, beside the same for a report a tenth the size; reports per second through
+one worker. It makes its own database (relay_bench_ingest), storage and OpenBao dev server.
+"""
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tests.bao import BaoDevServer, free_port  # noqa: E402
+
+DB = "relay_bench_ingest"
+BIN = Path(sys.executable).parent
+
+
+def make_report(resources: int, workdir: Path) -> bytes:
+    """`puppet apply` of `resources` files in a profile class; its stored YAML report."""
+    www = workdir / "www"
+    body = "\n".join(f"  file {{ '{www}/{i}.html': content => \"page {i}\\n\" }}" for i in range(resources))
+    (workdir / "site.pp").write_text(
+        f"class profile::web {{\n{body}\n}}\nfile {{ '{www}': ensure => directory }}\ninclude profile::web\n"
+    )
+    state = workdir / "state"
+    dirs = [f"--{name}={state}" for name in ("confdir", "codedir", "vardir", "logdir", "rundir")]
+    subprocess.run(
+        [
+            "puppet",
+            "apply",
+            "--reports=store",
+            f"--reportdir={state / 'reports'}",
+            "--color=false",
+            *dirs,
+            str(workdir / "site.pp"),
+        ],
+        check=False,
+        capture_output=True,
+        timeout=600,
+    )
+    [report] = list((state / "reports").rglob("*.yaml"))
+    return report.read_bytes()
+
+
+def best_of(runs: int, work) -> float:
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
+def parse_speeds(report: bytes) -> None:
+    from triggers import parsing
+
+    size = len(report) / 1e6
+    reference = best_of(3, lambda: parsing.plain(parsing.load_yaml(report), 10**9))
+    print(
+        f"reference reader (CSafeLoader, tags stripped, plain): {size / reference:.2f} MB/s "
+        f"({reference:.2f} s)"
+    )
+    try:
+        import json
+
+        import ryml
+    except ImportError:
+        print("rapidyaml: not installed (pip install rapidyaml) - skipped")
+        return
+
+    def fast() -> object:
+        tree = ryml.parse_in_arena(report)
+        root = tree.root_id()
+        return json.loads(
+            ryml.emit_json_malloc(tree, tree.first_child(root) if tree.is_stream(root) else root)
+        )
+
+    seconds = best_of(5, fast)
+    print(
+        f"rapidyaml parse + JSON emit + json.loads (no YAML 1.1 typing checks; not used): "
+        f"{size / seconds:.1f} MB/s ({reference / seconds:.1f}x the reference)"
+    )
+
+
+def rss_kb(pid: int, field: str = "VmHWM") -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def worker_pids(master: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(master)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--resources", type=int, default=3200)
+    parser.add_argument("--uploads", type=int, default=30)
+    parser.add_argument("--concurrent", type=int, default=20)
+    args = parser.parse_args()
+    if shutil.which("puppet") is None:
+        sys.exit("needs puppet (apt-get install puppet-agent)")
+
+    workdir = Path(tempfile.mkdtemp(prefix="relay-bench-"))
+    started = time.perf_counter()
+    report = make_report(args.resources, workdir)
+    print(
+        f"report: {len(report) / 1e6:.2f} MB from puppet apply of {args.resources} files "
+        f"({time.perf_counter() - started:.0f} s to make)"
+    )
+
+    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
+        admin.execute(f"CREATE DATABASE {DB}")
+    bao = BaoDevServer().start()
+    port = free_port()
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "relay.settings",
+        "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{DB}",
+        "SECRET_KEY": "bench-only-secret-key-0123456789abcdefghijklmnopqrstuvwxyz",
+        "TOKEN_PEPPERS": "1=bench-only-pepper-0123456789abcdefghijklmnop",
+        "SECURE_SSL_REDIRECT": "false",
+        "VAULT_ADDR": bao.addr,
+        "VAULT_TOKEN": bao.root().token,
+        "EVENTS_STORAGE_LOCATION": str(workdir / "events"),
+        "CELERY_BROKER_URL": "redis://127.0.0.1:6379/14",  # its own db; nobody consumes it
+        "PORT": str(port),
+        "ACCESS_LOG": "",
+        "STATIC_ROOT": str(workdir / "static"),
+        "LOG_LEVEL": "WARNING",
+    }
+    os.environ.update(env)
+    subprocess.run([sys.executable, str(ROOT / "manage.py"), "migrate", "-v0"], env=env, check=True)
+    import django
+
+    django.setup()
+    from django.contrib.auth.models import User
+    from django.db import connections
+
+    from triggers import services
+    from triggers.models import Event, Trigger
+
+    parse_speeds(report)
+    owner = User.objects.create_user("bench")
+    _, token = Trigger.create_with_token(owner=owner, name="bench")
+    connections.close_all()
+    server = subprocess.Popen(
+        [str(BIN / "gunicorn"), "-c", "python:relay.gunicorn_conf", "relay.wsgi"], env=env, cwd=ROOT
+    )
+    url = f"http://127.0.0.1:{port}/api/events"
+    headers = {"Content-Type": "application/x-yaml"}
+    auth = ("puppet", str(token))
+    try:
+        for _ in range(100):
+            try:
+                requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                break
+            except requests.RequestException:
+                time.sleep(0.2)
+        session = requests.Session()
+        latencies = []
+        for i in range(args.uploads):
+            body = report + f"# upload {i}\n".encode()  # distinct bodies: no dedupe shortcut
+            t0 = time.perf_counter()
+            answer = session.post(url, data=body, headers=headers, auth=auth, timeout=60)
+            latencies.append(time.perf_counter() - t0)
+            assert answer.status_code == 202, answer.text
+        latencies.sort()
+        print(
+            f"202 latency for the {len(report) / 1e6:.1f} MB report over {args.uploads} uploads: "
+            f"p50 {statistics.median(latencies) * 1000:.0f} ms, "
+            f"p99 {latencies[int(len(latencies) * 0.99) - 1] * 1000:.0f} ms"
+        )
+
+        def burst(payload: bytes, label: str) -> None:
+            before = {pid: rss_kb(pid, "VmRSS") for pid in worker_pids(server.pid)}
+            threads = [
+                threading.Thread(
+                    target=lambda i=i: requests.post(
+                        url,
+                        data=payload + f"# {label} {i}\n".encode(),
+                        headers=headers,
+                        auth=auth,
+                        timeout=120,
+                    )
+                )
+                for i in range(args.concurrent)
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            peak = {pid: rss_kb(pid) for pid in before}
+            print(
+                f"  {label}: {args.concurrent} x {len(payload) / 1e6:.2f} MB at once: web workers' RSS "
+                f"before {max(before.values()) / 1024:.0f} MB, "
+                f"peak {max(peak.values()) / 1024:.0f} MB (largest worker)"
+            )
+
+        print("web process memory while reports arrive at once:")
+        burst(report[: len(report) // 10], "small")
+        burst(report, "large")
+
+        # One worker: read, summarise, offload and filter, one event after another.
+        ids = list(Event.objects.filter(state="received").values_list("pk", flat=True)[:10])
+        t0 = time.perf_counter()
+        for event_id in ids:
+            services.process(str(event_id))
+        elapsed = time.perf_counter() - t0
+        print(
+            f"one worker: {len(ids) / elapsed:.2f} reports/s "
+            f"({len(report) / 1e6 * len(ids) / elapsed:.2f} MB/s), "
+            f"{elapsed / len(ids):.2f} s a report"
+        )
+    finally:
+        server.terminate()
+        server.wait()
+        bao.stop()
+        connections.close_all()
+        with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
