@@ -8,6 +8,7 @@ loads cheaply; `plain()` then walks the result with a node budget and a depth li
 stops such a document fast with a clear reason.
 """
 
+import gc
 import json
 import re
 from datetime import UTC, datetime
@@ -165,3 +166,91 @@ def _key(key: Any) -> str:
     if isinstance(key, datetime):
         return canonical_time(key)
     return str(key).lower() if isinstance(key, bool) else str(key)
+
+
+# The fast path: rapidyaml (C++) parses and emits JSON, json.loads (C) builds the objects.
+# Its typing is not PyYAML's YAML 1.1 (`yes`, `~`, `017`, `12:30`, `1e3` and unquoted
+# timestamps differ), and checking scalars one by one from Python would cost more than it
+# saves (a call into ryml's tree costs 0.7 us). So it takes only documents with Puppet's
+# report header, and declines, on scans of the whole text and a hook on floats, any that
+# holds what would be read differently. Declined documents go to the reference reader; the
+# differential test (tests/test_parsing_fast.py) holds the two to the same output.
+PSYCH_REPORT = b"--- !ruby/object:Puppet::Transaction::Report\n"
+FALL_BACK = (
+    b"&id0",  # Psych's anchors: aliases are the reference reader's (and its bounds')
+    b"<<:",  # merge keys
+    b"time: 1",  # unquoted times: old Puppet's Time objects, a timestamp for PyYAML
+    b"time: 2",
+    b"\n---",  # more than one document
+    b"\n...",
+    b"!!",  # standard tags
+)
+DEEP = "\n" + " " * (2 * (MAX_DEPTH + 1))  # ryml indents its JSON two spaces a level
+# A plain scalar (after `: `, `- `, or in a flow collection) that YAML 1.1 types as a bool,
+# a null, an octal/hex/binary/sexagesimal/underscored/signed number, a bare-dot or special
+# float, or a date: rapidyaml keeps those as strings. Quoted ones are fine, but a quote is
+# not checked for: a false alarm only costs the slower reader.
+_WORDS = rb"[Yy]es|YES|[Nn]o|NO|[Oo]n|ON|[Oo]ff|OFF|True|TRUE|False|FALSE|Null|NULL|~"
+_NUMBERS = (
+    rb"[-+]?0[0-9xXoObB_]|[-+]?[0-9][0-9_]*(?:_|:[0-5]?[0-9])|\+|[-+]?\.[0-9]"
+    rb"|[-+]?\.(?:inf|Inf|INF|nan|NaN|NAN)|[0-9]+\.(?:[ \t]*$|[eE])|[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}"
+)
+_TAIL = rb"(?:(?:" + _WORDS + rb")[ \t]*(?:\n|[,\]}#])|" + _NUMBERS.replace(b"$", b"\n") + rb")"
+# One pattern per way a plain value can start, each with a literal first (Python's re then
+# skips ahead fast: 33 ms for all six over 3.4 MB, against 94 ms for one pattern), and keys.
+YAML11_PLAIN = (
+    *(re.compile(start + _TAIL) for start in (rb": ", rb"- ", rb"\[", rb"\{", rb", ", rb"\? ")),
+    # A plain key that is not a string to PyYAML: a number, a date, a bool or a null.
+    re.compile(rb"\n[ \t]*(?:- )?(?:[0-9+.~][^:\n]*|(?:" + _WORDS + rb"|true|false|null)[ \t]*):(?: |\n)"),
+)
+
+
+class _NotTheSame(Exception):
+    pass
+
+
+def _float(text: str) -> float:
+    # PyYAML reads an exponent as a float only with a dot before it and a sign after it
+    # (`1.0e+3`); `1e3` or `1.0e3` are strings to it.
+    if "e" in text or "E" in text:
+        mantissa, _, exponent = text.lower().partition("e")
+        if "." not in mantissa or exponent[:1] not in ("+", "-"):
+            raise _NotTheSame(text)
+    return float(text)
+
+
+def load_yaml_fast(data: bytes) -> Any:
+    """The document read by rapidyaml, or None when it is not one the fast path reads the
+    same as the reference (load_yaml, then plain)."""
+    if not data.startswith(PSYCH_REPORT) or any(marker in data for marker in FALL_BACK):
+        return None
+    if any(pattern.search(data) for pattern in YAML11_PLAIN):
+        return None
+    import ryml
+
+    try:
+        tree = ryml.parse_in_arena(data)  # raises ryml's own exceptions: all mean "decline"
+        root = tree.root_id()
+        document = tree.first_child(root) if tree.is_stream(root) else root
+        text = ryml.emit_json_malloc(tree, document)
+        if DEEP in text:
+            return None
+        # The cyclic collector would run again and again while a few hundred thousand new
+        # containers appear, as long as the parse itself; none of them can form a cycle.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return json.loads(text, parse_float=_float)
+        finally:
+            if collecting:
+                gc.enable()
+    except Exception:
+        return None  # the reference reader reads it, or says why it cannot
+
+
+def read_yaml(data: bytes, budget: int) -> Any:
+    """A YAML report as plain data: the fast path where it applies, else the reference."""
+    fast = load_yaml_fast(data)
+    if fast is not None:
+        return fast
+    return plain(load_yaml(data), budget)

@@ -22,9 +22,11 @@ log = logging.getLogger(__name__)
 
 def read(event: Event, data: bytes) -> Any:
     """The document as plain data, or UnreadableReport."""
-    document = parsing.load_yaml(data) if event.body_format == BodyFormat.YAML else parsing.load_json(data)
     # A node needs a few bytes of text, unless aliases multiply it: anything far beyond is a bomb.
-    return parsing.plain(document, budget=1_000_000 + len(data) // 2)
+    budget = 1_000_000 + len(data) // 2
+    if event.body_format == BodyFormat.YAML:
+        return parsing.read_yaml(data, budget)
+    return parsing.plain(parsing.load_json(data), budget)
 
 
 def offload(value: Any) -> dict[str, Any]:
