@@ -10,7 +10,6 @@ one worker. It makes its own database (relay_bench_ingest), storage and OpenBao 
 """
 
 import argparse
-import os
 import shutil
 import statistics
 import subprocess
@@ -20,42 +19,21 @@ import threading
 import time
 from pathlib import Path
 
-import psycopg
 import requests
+import service  # bench/service.py
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from tests.bao import BaoDevServer, free_port  # noqa: E402
-
-DB = "relay_bench_ingest"
-BIN = Path(sys.executable).parent
+from tests.events_helpers import puppet_apply, stored_report
 
 
 def make_report(resources: int, workdir: Path) -> bytes:
     """`puppet apply` of `resources` files in a profile class; its stored YAML report."""
     www = workdir / "www"
     body = "\n".join(f"  file {{ '{www}/{i}.html': content => \"page {i}\\n\" }}" for i in range(resources))
-    (workdir / "site.pp").write_text(
+    manifest = (
         f"class profile::web {{\n{body}\n}}\nfile {{ '{www}': ensure => directory }}\ninclude profile::web\n"
     )
-    state = workdir / "state"
-    dirs = [f"--{name}={state}" for name in ("confdir", "codedir", "vardir", "logdir", "rundir")]
-    subprocess.run(
-        [
-            "puppet",
-            "apply",
-            "--reports=store",
-            f"--reportdir={state / 'reports'}",
-            "--color=false",
-            *dirs,
-            str(workdir / "site.pp"),
-        ],
-        check=False,
-        capture_output=True,
-        timeout=600,
-    )
-    [report] = list((state / "reports").rglob("*.yaml"))
-    return report.read_bytes()
+    puppet_apply(workdir, manifest, "--reports=store", f"--reportdir={workdir}/reports")
+    return stored_report(workdir)
 
 
 def best_of(runs: int, work) -> float:
@@ -128,34 +106,21 @@ def main() -> None:
         f"({time.perf_counter() - started:.0f} s to make)"
     )
 
-    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
-        admin.execute(f"CREATE DATABASE {DB}")
-    bao = BaoDevServer().start()
-    port = free_port()
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "relay.settings",
-        "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{DB}",
-        "SECRET_KEY": "bench-only-secret-key-0123456789abcdefghijklmnopqrstuvwxyz",
-        "TOKEN_PEPPERS": "1=bench-only-pepper-0123456789abcdefghijklmnop",
-        "SECURE_SSL_REDIRECT": "false",
-        "VAULT_ADDR": bao.addr,
-        "VAULT_TOKEN": bao.root().token,
-        "EVENTS_STORAGE_LOCATION": str(workdir / "events"),
-        "CELERY_BROKER_URL": "redis://127.0.0.1:6379/14",  # its own db; nobody consumes it
-        "PORT": str(port),
-        "ACCESS_LOG": "",
-        "STATIC_ROOT": str(workdir / "static"),
-        "LOG_LEVEL": "WARNING",
-    }
-    os.environ.update(env)
-    subprocess.run([sys.executable, str(ROOT / "manage.py"), "migrate", "-v0"], env=env, check=True)
-    import django
+    with (
+        service.prepared(
+            "relay_bench_ingest",
+            EVENTS_STORAGE_LOCATION=str(workdir / "events"),
+            CELERY_BROKER_URL="redis://127.0.0.1:6379/14",  # its own db; nobody consumes it
+            STATIC_ROOT=str(workdir / "static"),
+        ) as env,
+        service.gunicorn(env) as port,
+    ):
+        run(args, report, port)
+    shutil.rmtree(workdir, ignore_errors=True)
 
-    django.setup()
+
+def run(args: argparse.Namespace, report: bytes, port: int, master: int) -> None:
     from django.contrib.auth.models import User
-    from django.db import connections
 
     from triggers import services
     from triggers.models import Event, Trigger
@@ -163,83 +128,64 @@ def main() -> None:
     parse_speeds(report)
     owner = User.objects.create_user("bench")
     _, token = Trigger.create_with_token(owner=owner, name="bench")
-    connections.close_all()
-    server = subprocess.Popen(
-        [str(BIN / "gunicorn"), "-c", "python:relay.gunicorn_conf", "relay.wsgi"], env=env, cwd=ROOT
-    )
     url = f"http://127.0.0.1:{port}/api/events"
     headers = {"Content-Type": "application/x-yaml"}
     auth = ("puppet", str(token))
-    try:
-        for _ in range(100):
-            try:
-                requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
-                break
-            except requests.RequestException:
-                time.sleep(0.2)
-        session = requests.Session()
-        latencies = []
-        for i in range(args.uploads):
-            body = report + f"# upload {i}\n".encode()  # distinct bodies: no dedupe shortcut
-            t0 = time.perf_counter()
-            answer = session.post(url, data=body, headers=headers, auth=auth, timeout=60)
-            latencies.append(time.perf_counter() - t0)
-            assert answer.status_code == 202, answer.text
-        latencies.sort()
-        print(
-            f"202 latency for the {len(report) / 1e6:.1f} MB report over {args.uploads} uploads: "
-            f"p50 {statistics.median(latencies) * 1000:.0f} ms, "
-            f"p99 {latencies[int(len(latencies) * 0.99) - 1] * 1000:.0f} ms"
-        )
-
-        def burst(payload: bytes, label: str) -> None:
-            before = {pid: rss_kb(pid, "VmRSS") for pid in worker_pids(server.pid)}
-            threads = [
-                threading.Thread(
-                    target=lambda i=i: requests.post(
-                        url,
-                        data=payload + f"# {label} {i}\n".encode(),
-                        headers=headers,
-                        auth=auth,
-                        timeout=120,
-                    )
-                )
-                for i in range(args.concurrent)
-            ]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-            peak = {pid: rss_kb(pid) for pid in before}
-            print(
-                f"  {label}: {args.concurrent} x {len(payload) / 1e6:.2f} MB at once: web workers' RSS "
-                f"before {max(before.values()) / 1024:.0f} MB, "
-                f"peak {max(peak.values()) / 1024:.0f} MB (largest worker)"
-            )
-
-        print("web process memory while reports arrive at once:")
-        burst(report[: len(report) // 10], "small")
-        burst(report, "large")
-
-        # One worker: read, summarise, offload and filter, one event after another.
-        ids = list(Event.objects.filter(state="received").values_list("pk", flat=True)[:10])
+    session = requests.Session()
+    latencies = []
+    for i in range(args.uploads):
+        body = report + f"# upload {i}\n".encode()  # distinct bodies: no dedupe shortcut
         t0 = time.perf_counter()
-        for event_id in ids:
-            services.process(str(event_id))
-        elapsed = time.perf_counter() - t0
+        answer = session.post(url, data=body, headers=headers, auth=auth, timeout=60)
+        latencies.append(time.perf_counter() - t0)
+        assert answer.status_code == 202, answer.text
+    latencies.sort()
+    print(
+        f"202 latency for the {len(report) / 1e6:.1f} MB report over {args.uploads} uploads: "
+        f"p50 {statistics.median(latencies) * 1000:.0f} ms, "
+        f"p99 {latencies[int(len(latencies) * 0.99) - 1] * 1000:.0f} ms"
+    )
+
+    def burst(payload: bytes, label: str) -> None:
+        before = {pid: rss_kb(pid, "VmRSS") for pid in worker_pids(master)}
+        threads = [
+            threading.Thread(
+                target=lambda i=i: requests.post(
+                    url,
+                    data=payload + f"# {label} {i}\n".encode(),
+                    headers=headers,
+                    auth=auth,
+                    timeout=120,
+                )
+            )
+            for i in range(args.concurrent)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        peak = {pid: rss_kb(pid) for pid in before}
         print(
-            f"one worker: {len(ids) / elapsed:.2f} reports/s "
-            f"({len(report) / 1e6 * len(ids) / elapsed:.2f} MB/s), "
-            f"{elapsed / len(ids):.2f} s a report"
+            f"  {label}: {args.concurrent} x {len(payload) / 1e6:.2f} MB at once: web workers' RSS "
+            f"before {max(before.values()) / 1024:.0f} MB, "
+            f"peak {max(peak.values()) / 1024:.0f} MB (largest worker)"
         )
-    finally:
-        server.terminate()
-        server.wait()
-        bao.stop()
-        connections.close_all()
-        with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as admin:
-            admin.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
-        shutil.rmtree(workdir, ignore_errors=True)
+
+    print("web process memory while reports arrive at once:")
+    burst(report[: len(report) // 10], "small")
+    burst(report, "large")
+
+    # One worker: read, summarise, offload and filter, one event after another.
+    ids = list(Event.objects.filter(state="received").values_list("pk", flat=True)[:10])
+    t0 = time.perf_counter()
+    for event_id in ids:
+        services.process(str(event_id))
+    elapsed = time.perf_counter() - t0
+    print(
+        f"one worker: {len(ids) / elapsed:.2f} reports/s "
+        f"({len(report) / 1e6 * len(ids) / elapsed:.2f} MB/s), "
+        f"{elapsed / len(ids):.2f} s a report"
+    )
 
 
 if __name__ == "__main__":

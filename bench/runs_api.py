@@ -16,21 +16,10 @@ import asyncio
 import json
 import os
 import random
-import subprocess
-import sys
 import time
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
-import psycopg
-import requests
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from tests.bao import BaoDevServer, free_port  # noqa: E402
-
-DB = "relay_bench"
-BIN = Path(sys.executable).parent
+import service  # bench/service.py
 
 
 class Client:
@@ -170,84 +159,44 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=50)
     args = parser.parse_args()
 
-    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
-        admin.execute(f"CREATE DATABASE {DB}")
-    bao = BaoDevServer().start()
-    port = free_port()
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "relay.settings",
-        "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{DB}",
-        "SECRET_KEY": "bench-only-secret-key-0123456789abcdefghijklmnopqrstuvwxyz",
-        "TOKEN_PEPPERS": "1=bench-only-pepper-0123456789abcdefghijklmnop",
-        "SECURE_SSL_REDIRECT": "false",
-        "VAULT_ADDR": bao.addr,
-        "VAULT_TOKEN": bao.root().token,
-        "PORT": str(port),
-        "ACCESS_LOG": "",
-        "LOG_LEVEL": "WARNING",
-    }
-    os.environ.update(env)
-    subprocess.run([sys.executable, str(ROOT / "manage.py"), "migrate", "-v0"], env=env, check=True)
+    with service.prepared("relay_bench") as env:
+        from django.contrib.auth.models import User
 
-    import django
+        from puppet_connection.models import PuppetConnection
+        from runs.models import Run, Status
 
-    django.setup()
-    from django.contrib.auth.models import User
-
-    from puppet_connection.models import PuppetConnection
-    from runs.models import Run, Status
-
-    owner = User.objects.create_user("bench")
-    conn, token = PuppetConnection.create_with_token(owner=owner, name="bench")
-    pending = Run.objects.bulk_create(
-        Run(connection=conn, scope={"nodes": ["node-a"]}) for _ in range(args.runs)
-    )
-    in_progress = Run.objects.bulk_create(
-        Run(
-            connection=conn,
-            scope={"nodes": ["node-a"]},
-            status=Status.IN_PROGRESS,
-            next_update_before=datetime.now(UTC) + timedelta(minutes=5),
+        owner = User.objects.create_user("bench")
+        conn, token = PuppetConnection.create_with_token(owner=owner, name="bench")
+        pending = Run.objects.bulk_create(
+            Run(connection=conn, scope={"nodes": ["node-a"]}) for _ in range(args.runs)
         )
-        for _ in range(args.in_progress)
-    )
-    from django.db import connections
-
-    connections.close_all()
-
-    server = subprocess.Popen(
-        [str(BIN / "gunicorn"), "-c", "python:relay.gunicorn_conf", "relay.wsgi"], env=env, cwd=ROOT
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1).ok:
-                    break
-            except requests.RequestException:
-                time.sleep(0.2)
-        print(
-            f"gunicorn: {env.get('WEB_CONCURRENCY', '2')} workers x {env.get('WEB_THREADS', '16')} threads; "
-            f"PostgreSQL 127.0.0.1; {os.cpu_count()} cores shared with the load generator"
-        )
-        asyncio.run(bench_accept(port, str(token), [str(r.id) for r in pending], args.accepters))
-        asyncio.run(
-            bench_heartbeats(
-                port, str(token), [str(r.id) for r in in_progress], args.seconds, args.heartbeat_connections
+        in_progress = Run.objects.bulk_create(
+            Run(
+                connection=conn,
+                scope={"nodes": ["node-a"]},
+                status=Status.IN_PROGRESS,
+                next_update_before=datetime.now(UTC) + timedelta(minutes=5),
             )
+            for _ in range(args.in_progress)
         )
-        Run.objects.filter(status=Status.PENDING).delete()
-        connections.close_all()
-        asyncio.run(bench_longpoll(port, str(token), args.rounds))
-    finally:
-        server.terminate()
-        server.wait()
-        bao.stop()
-        connections.close_all()
-        with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as admin:
-            admin.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
+        with service.gunicorn(env) as (port, _):
+            workers, threads = env.get("WEB_CONCURRENCY", "2"), env.get("WEB_THREADS", "16")
+            print(
+                f"gunicorn: {workers} workers x {threads} threads; PostgreSQL 127.0.0.1; "
+                f"{os.cpu_count()} cores shared with the load generator"
+            )
+            asyncio.run(bench_accept(port, str(token), [str(r.id) for r in pending], args.accepters))
+            asyncio.run(
+                bench_heartbeats(
+                    port,
+                    str(token),
+                    [str(r.id) for r in in_progress],
+                    args.seconds,
+                    args.heartbeat_connections,
+                )
+            )
+            Run.objects.filter(status=Status.PENDING).delete()
+            asyncio.run(bench_longpoll(port, str(token), args.rounds))
 
 
 if __name__ == "__main__":

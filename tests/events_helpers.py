@@ -1,5 +1,6 @@
 import base64
 import gzip
+import subprocess
 from pathlib import Path
 
 from django.test import Client
@@ -116,3 +117,24 @@ def big_report(resources: int, host: str = "big.example.com") -> bytes:
             "    corrective_change: false",
         ]
     return ("\n".join(lines) + "\n").encode()
+
+
+def puppet_apply(workdir: Path, manifest: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    """A real `puppet apply` of `manifest` with its own directories under `workdir`."""
+    (workdir / "site.pp").write_text(manifest)
+    state = workdir / "state"
+    state.mkdir(exist_ok=True)
+    dirs = [f"--{name}={state}" for name in ("confdir", "codedir", "vardir", "logdir", "rundir")]
+    return subprocess.run(
+        ["puppet", "apply", "--detailed-exitcodes", "--color=false", *dirs, *flags, str(workdir / "site.pp")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+def stored_report(workdir: Path) -> bytes:
+    """The report a `puppet_apply(..., "--reports=store", f"--reportdir={workdir}/reports")` kept."""
+    [report] = list((workdir / "reports").rglob("*.yaml"))
+    return report.read_bytes()

@@ -18,6 +18,28 @@ os.environ.setdefault("VAULT_ADDR", "http://127.0.0.1:1")
 
 from relay.settings import *  # noqa: E402, F403
 
+# What the test run sets for itself: processes that must see the service's own defaults
+# (`make run`, `manage.py check --deploy`) get the environment without these.
+TEST_ONLY_ENV = (
+    "DEBUG",
+    "SECRET_KEY",
+    "TOKEN_PEPPERS",
+    "DJANGO_SETTINGS_MODULE",
+    "SECURE_",
+    "SESSION_",
+    "CSRF_",
+    "VAULT_",
+    "DATABASE_URL",
+    "REDIS_URL",
+    "CELERY_",
+    "EVENTS_",
+)
+
+
+def outside_env(**extra: str) -> dict[str, str]:
+    return {**{k: v for k, v in os.environ.items() if not k.startswith(TEST_ONLY_ENV)}, **extra}
+
+
 STATIC_ROOT = Path(tempfile.mkdtemp(prefix="relay-static-"))
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # speed, not security
 STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}  # noqa: F405

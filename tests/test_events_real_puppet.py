@@ -2,14 +2,13 @@
 http report processor (YAML, Basic auth from reporturl) to a live server of the project."""
 
 import shutil
-import subprocess
 import uuid
-from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
 from django.contrib.auth.models import User
 
+from tests.events_helpers import puppet_apply
 from triggers import services
 from triggers.models import Event, Trigger
 
@@ -21,27 +20,10 @@ pytestmark = [
 ]
 
 
-def puppet_apply(
-    tmp_path: Path, live_server, token: str, manifest: str, *flags: str
-) -> subprocess.CompletedProcess:
-    """`puppet apply` with its own directories, reporting over HTTP to the live server."""
-    (tmp_path / "site.pp").write_text(manifest)
+def report_to(live_server, token: str) -> list[str]:
+    """Flags that make Puppet's own http report processor send to the live server."""
     port = urlparse(live_server.url).port
-    dirs = {name: tmp_path / name for name in ("confdir", "codedir", "vardir", "logdir", "rundir")}
-    for folder in dirs.values():
-        folder.mkdir(exist_ok=True)
-    args = [
-        "puppet",
-        "apply",
-        "--detailed-exitcodes",
-        "--color=false",
-        "--reports=http",
-        f"--reporturl=http://x:{token}@127.0.0.1:{port}/api/events",
-        *(f"--{name}={folder}" for name, folder in dirs.items()),
-        *flags,
-        str(tmp_path / "site.pp"),
-    ]
-    return subprocess.run(args, capture_output=True, text=True, timeout=120)
+    return ["--reports=http", f"--reporturl=http://x:{token}@127.0.0.1:{port}/api/events"]
 
 
 def events_of(trigger: Trigger) -> list[Event]:
@@ -68,7 +50,7 @@ class profile::web {{
 }}
 include profile::web
 """
-    run = puppet_apply(tmp_path, live_server, token, manifest)
+    run = puppet_apply(tmp_path, manifest, *report_to(live_server, token))
     assert run.returncode == 2, run.stdout + run.stderr  # 2: changes applied
     [event] = events_of(trigger)
     assert event.state == "matched", event.failure_reason
@@ -85,7 +67,9 @@ include profile::web
 def test_a_failing_resource_is_a_failed_report(tmp_path, live_server, trigger_and_token):
     trigger, token = trigger_and_token
     Trigger.objects.filter(pk=trigger.pk).update(tags=[])  # any report that is not unchanged
-    run = puppet_apply(tmp_path, live_server, token, "exec { 'always fails': command => '/bin/false' }\n")
+    run = puppet_apply(
+        tmp_path, "exec { 'always fails': command => '/bin/false' }\n", *report_to(live_server, token)
+    )
     assert run.returncode in (4, 6), run.stdout + run.stderr
     [event] = events_of(trigger)
     assert event.state == "matched"
@@ -100,7 +84,9 @@ def test_a_noop_run_changes_nothing_and_is_matched_for_its_pending_change(
     trigger, token = trigger_and_token
     Trigger.objects.filter(pk=trigger.pk).update(tags=[])
     target = tmp_path / "untouched"
-    run = puppet_apply(tmp_path, live_server, token, f"file {{ '{target}': content => 'x' }}\n", "--noop")
+    run = puppet_apply(
+        tmp_path, f"file {{ '{target}': content => 'x' }}\n", *report_to(live_server, token), "--noop"
+    )
     assert run.returncode in (0, 2), run.stdout + run.stderr
     assert not target.exists()
     [event] = events_of(trigger)

@@ -2,7 +2,6 @@
 storage, migrations, gunicorn and Celery, stopped by SIGINT as Ctrl-C would, started again."""
 
 import json
-import os
 import queue
 import signal
 import socket
@@ -18,30 +17,15 @@ import pytest
 import requests
 
 from tests.bao import free_port
+from tests.settings import outside_env
 
 ROOT = Path(__file__).resolve().parent.parent
-# Variables the test run sets for itself, which `make run` must not see.
-TEST_ONLY = (
-    "DEBUG",
-    "SECRET_KEY",
-    "TOKEN_PEPPERS",
-    "DJANGO_SETTINGS_MODULE",
-    "SECURE_",
-    "SESSION_",
-    "CSRF_",
-    "VAULT_",
-    "DATABASE_URL",
-    "REDIS_URL",
-    "CELERY_",
-    "EVENTS_",
-)
 
 
 class Service:
     def __init__(self, var: Path, **env: str) -> None:
         self.port = int(env["PORT"])
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith(TEST_ONLY)}
-        self.env.update(RELAY_VAR_DIR=str(var), **env)
+        self.env = outside_env(RELAY_VAR_DIR=str(var), **env)
         self.lines: queue.Queue[str] = queue.Queue()
         self.output: list[str] = []
         self.process = subprocess.Popen(

@@ -3,11 +3,10 @@ the reference reader (PyYAML's CSafeLoader with tags stripped, then plain()) doe
 does take Puppet's own reports."""
 
 import shutil
-import subprocess
 
 import pytest
 
-from tests.events_helpers import FIXTURES, big_report
+from tests.events_helpers import FIXTURES, big_report, puppet_apply, stored_report
 from triggers.parsing import PSYCH_REPORT, load_yaml, load_yaml_fast, plain, read_yaml
 
 BUDGET = 10**8
@@ -67,25 +66,10 @@ NEEDS_PUPPET = pytest.mark.skipif(
     ],
 )
 def test_reports_a_real_puppet_makes_read_the_same(tmp_path, manifest, flags, fast):
-    (tmp_path / "site.pp").write_text(manifest.format(dir=tmp_path))
-    state = tmp_path / "state"
-    dirs = [f"--{name}={state}" for name in ("confdir", "codedir", "vardir", "logdir", "rundir")]
-    subprocess.run(
-        [
-            "puppet",
-            "apply",
-            "--reports=store",
-            f"--reportdir={state / 'reports'}",
-            *dirs,
-            *flags,
-            str(tmp_path / "site.pp"),
-        ],
-        capture_output=True,
-        timeout=120,
-        check=False,
+    puppet_apply(
+        tmp_path, manifest.format(dir=tmp_path), "--reports=store", f"--reportdir={tmp_path}/reports", *flags
     )
-    [stored] = list((state / "reports").rglob("*.yaml"))
-    data = stored.read_bytes()
+    data = stored_report(tmp_path)
     assert assert_same_or_declined(data) == fast
     assert read_yaml(data, BUDGET) == reference(data)
 
@@ -94,10 +78,32 @@ TRICKY = [
     "a: yes\nb: No\nc: ON\nd: off\n",
     "a: ~\nb: Null\nc: NULL\nd: null\ne:\n",
     "a: 017\nb: 0x1F\nc: 0o17\nd: 0b101\ne: 1_000\nf: +12\ng: -0\n",
+    "a: 017\n",
+    "a: 0x1F\n",
+    "a: 0b101\n",
+    "a: 1_000\n",
+    "a: +12\n",
+    "a: 12:30\n",
+    "a: .5\n",
+    "a: 1.\n",
+    "a: 1_0.5\n",
+    "a: +1.5\n",
+    "a: .inf\n",
+    "a: .NaN\n",
+    "a: 2024-1-1\n",
+    "a: 2024-01-01 10:00:00\n",
+    "a: [yes]\n",
+    "a: {b: ~}\n",
+    "- Off\n",
+    "017: a\n",
+    "true: a\n",
+    "null: a\n",
+    "2024-01-01: a\n",
     "a: 1e3\nb: 1.0e3\nc: 1.0e+3\nd: 1.5E-2\ne: .5\nf: 1.\ng: -.inf\nh: .nan\ni: .Inf\n",
     "a: 12:30\nb: 1:20:30\nc: 190:20:30\n",
     "time: 2010-09-23 15:44:06.244173 -07:00\nb: 2024-01-01\nc: 2024-01-01T10:00:00Z\n",
     "a: &id001 [1, 2]\nb: *id001\n",
+    "a: &x [1, 2]\nb: *x\nc: [*x, *x]\n",
     "base: &b {x: 1}\nm:\n  <<: *b\n  y: 2\n",
     "a: !!str 12\nb: !!int '12'\nc: !!binary aGVsbG8=\nd: !!set {x, y}\n",
     "a: 1\n---\nb: 2\n",
@@ -127,6 +133,16 @@ def _readable(data: bytes) -> bool:
     except Exception:
         return False
     return True
+
+
+def test_values_that_only_begin_like_numbers_or_dates_do_not_decline():
+    body = (
+        "transaction_uuid: 0b5f0c2a-1111-4222-8333-444455556666\n"
+        "catalog_uuid: 07c3a1e0-aaaa-4bbb-8ccc-dddd00001111\n"
+        "code_id: 0x-not-hex\nmessage: 2024-01-01 was a Monday\nversion: 1.2.3\nline: 12\nratio: 0.5\n"
+        "a: 1.0e-05\nport: :8140\nevaluation_time: 2.9775e-05\n"
+    )
+    assert assert_same_or_declined(PSYCH_REPORT + body.encode())
 
 
 def test_a_document_without_puppet_s_header_is_the_reference_s():

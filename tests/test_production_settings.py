@@ -1,4 +1,3 @@
-import os
 import secrets
 import subprocess
 import sys
@@ -6,24 +5,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.settings import outside_env
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def manage(args: list[str], **env: str) -> subprocess.CompletedProcess:
-    # Only what this test gives: not the relaxed values tests/settings.py put in os.environ.
-    inherited = (
-        "DEBUG",
-        "SECRET_KEY",
-        "TOKEN_PEPPERS",
-        "DJANGO_SETTINGS_MODULE",
-        "SECURE_",
-        "SESSION_",
-        "CSRF_",
-        "VAULT_",
-        "DATABASE_URL",
-    )
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(inherited)}
-    clean.update(DJANGO_SETTINGS_MODULE="relay.settings", **env)
+    clean = outside_env(DJANGO_SETTINGS_MODULE="relay.settings", **env)
     return subprocess.run(
         [sys.executable, str(ROOT / "manage.py"), *args], env=clean, capture_output=True, text=True, cwd=ROOT
     )

@@ -17,8 +17,9 @@ from django.core.files import File
 from django.core.files.storage import storages
 from django.db import transaction
 from django.http import HttpRequest
-from rest_framework import exceptions, status
+from rest_framework import exceptions
 
+from relay.api.exceptions import LengthRequired, PayloadTooLarge
 from triggers.models import BodyFormat, Event, Trigger
 
 log = logging.getLogger(__name__)
@@ -32,18 +33,6 @@ FORMATS = {
     "text/yaml": BodyFormat.YAML,
     "text/x-yaml": BodyFormat.YAML,
 }
-
-
-class LengthRequired(exceptions.APIException):
-    status_code = status.HTTP_411_LENGTH_REQUIRED
-    default_detail = "Content-Length is required."
-    default_code = "length_required"
-
-
-class PayloadTooLarge(exceptions.APIException):
-    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
-    default_detail = "The report is too large."
-    default_code = "payload_too_large"
 
 
 def body_format(request: HttpRequest) -> BodyFormat:

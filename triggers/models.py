@@ -8,6 +8,7 @@ from django.utils import timezone
 
 from puppet_connection.models import name_validator
 from relay import tokens, vault
+from triggers.reports import Filters
 
 
 class Trigger(tokens.TokenHolder):
@@ -49,6 +50,16 @@ class Trigger(tokens.TokenHolder):
 
     def __str__(self) -> str:
         return self.name
+
+    def filters(self) -> Filters:
+        return Filters(
+            self.statuses,
+            self.environments,
+            self.host_globs,
+            self.resource_types,
+            self.title_globs,
+            self.tags,
+        )
 
     def set_slack_webhook(self, url: str) -> None:
         """Store (or with "" remove) the webhook URL in the trigger's Vault secret, keeping its

@@ -177,31 +177,46 @@ def _key(key: Any) -> str:
 # differential test (tests/test_parsing_fast.py) holds the two to the same output.
 PSYCH_REPORT = b"--- !ruby/object:Puppet::Transaction::Report\n"
 FALL_BACK = (
-    b"&id0",  # Psych's anchors: aliases are the reference reader's (and its bounds')
+    b"&id0",  # Psych's anchors (any alias is found below): the reference reader's, and its bounds'
     b"<<:",  # merge keys
-    b"time: 1",  # unquoted times: old Puppet's Time objects, a timestamp for PyYAML
-    b"time: 2",
     b"\n---",  # more than one document
     b"\n...",
     b"!!",  # standard tags
 )
 DEEP = "\n" + " " * (2 * (MAX_DEPTH + 1))  # ryml indents its JSON two spaces a level
-# A plain scalar (after `: `, `- `, or in a flow collection) that YAML 1.1 types as a bool,
-# a null, an octal/hex/binary/sexagesimal/underscored/signed number, a bare-dot or special
-# float, or a date: rapidyaml keeps those as strings. Quoted ones are fine, but a quote is
-# not checked for: a false alarm only costs the slower reader.
+# Whole plain scalars that YAML 1.1 (PyYAML) types differently from rapidyaml's JSON: bools
+# and nulls beyond true/false/null; octal, hex, binary, signed, underscored and sexagesimal
+# numbers; floats with a bare dot, underscores or a sign, and the special floats; dates and
+# times. (Exponents without a sign are caught by _float.) A scalar is only typed when all of
+# it matches, so each pattern ends where the scalar ends: a UUID starting `0b` is a string.
+# Quoted scalars are not told apart: a false alarm only costs the slower reader.
 _WORDS = rb"[Yy]es|YES|[Nn]o|NO|[Oo]n|ON|[Oo]ff|OFF|True|TRUE|False|FALSE|Null|NULL|~"
-_NUMBERS = (
-    rb"[-+]?0[0-9xXoObB_]|[-+]?[0-9][0-9_]*(?:_|:[0-5]?[0-9])|\+|[-+]?\.[0-9]"
-    rb"|[-+]?\.(?:inf|Inf|INF|nan|NaN|NAN)|[0-9]+\.(?:[ \t]*$|[eE])|[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}"
+_INT = (
+    rb"[-+]?0[0-7_]+|[-+]?0x[0-9a-fA-F_]+|[-+]?0b[01_]+|\+[0-9][0-9_]*|[-+]?[0-9][0-9_]*_[0-9_]*"
+    rb"|[-+]?[1-9][0-9_]*(?::[0-5]?[0-9])+"
 )
-_TAIL = rb"(?:(?:" + _WORDS + rb")[ \t]*(?:\n|[,\]}#])|" + _NUMBERS.replace(b"$", b"\n") + rb")"
+_FLOAT = (
+    rb"[-+]?\.[0-9_]+(?:[eE][-+][0-9]+)?|[-+]?[0-9][0-9_]*\.(?:[eE][-+][0-9]+)?"
+    rb"|[-+]?[0-9_]*_[0-9_]*\.[0-9_]*(?:[eE][-+][0-9]+)?|[-+]?[0-9][0-9_]*\.[0-9_]*_[0-9_]*(?:[eE][-+][0-9]+)?"
+    rb"|\+[0-9][0-9_]*\.[0-9_]*(?:[eE][-+][0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)"
+    rb"|[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*"
+)
+_DATE = (
+    rb"[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}(?:(?:[Tt]|[ \t]+)[0-9]{1,2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]*)?"
+    rb"(?:[ \t]*(?:Z|[-+][0-9]{1,2}(?::[0-9]{2})?))?)?"
+)
+_ALIAS = rb"\*[^ \t\n,\]}]+"  # rapidyaml would keep `*name`; PyYAML (and its bounds) resolve it
+_TYPED = rb"(?:" + _WORDS + rb"|" + _INT + rb"|" + _FLOAT + rb"|" + _DATE + rb"|" + _ALIAS + rb")"
 # One pattern per way a plain value can start, each with a literal first (Python's re then
-# skips ahead fast: 33 ms for all six over 3.4 MB, against 94 ms for one pattern), and keys.
+# skips ahead fast), and one for keys.
 YAML11_PLAIN = (
-    *(re.compile(start + _TAIL) for start in (rb": ", rb"- ", rb"\[", rb"\{", rb", ", rb"\? ")),
-    # A plain key that is not a string to PyYAML: a number, a date, a bool or a null.
-    re.compile(rb"\n[ \t]*(?:- )?(?:[0-9+.~][^:\n]*|(?:" + _WORDS + rb"|true|false|null)[ \t]*):(?: |\n)"),
+    *(
+        re.compile(start + _TYPED + rb"[ \t]*(?:\n|[,\]}#])")
+        for start in (rb": ", rb"- ", rb"\[", rb"\{", rb", ", rb"\? ")
+    ),
+    # Keys, coarsely (exact, this pattern would cost 250 ms at every line start): any that
+    # starts like a number, a null or an alias, or is a bool or null word, declines.
+    re.compile(rb"\n[ \t]*(?:- )?(?:(?:[0-9+.~*]|-[0-9.])[^:\n]*|(?:" + _WORDS + rb"|null)[ \t]*):(?: |\n)"),
 )
 
 

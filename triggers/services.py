@@ -15,7 +15,7 @@ from django.utils import timezone
 from triggers import parsing, slack
 from triggers.ingest import body_name
 from triggers.models import BodyFormat, Event, EventState
-from triggers.reports import Filters, analyse, events_of, logs_of
+from triggers.reports import analyse, events_of, logs_of
 
 log = logging.getLogger(__name__)
 
@@ -63,14 +63,7 @@ def process(event_id: str) -> None:
         "events": offload(events_of(analysed.report)),
     }
     trigger = event.trigger
-    filters = Filters(
-        trigger.statuses,
-        trigger.environments,
-        trigger.host_globs,
-        trigger.resource_types,
-        trigger.title_globs,
-        trigger.tags,
-    )
+    filters = trigger.filters()
     state = (
         EventState.MATCHED if filters.matches(analysed.summary, analysed.resources) else EventState.FILTERED
     )
@@ -131,14 +124,7 @@ def notify(event_id: str) -> None:
     if event is None:
         return
     trigger = event.trigger
-    filters = Filters(
-        trigger.statuses,
-        trigger.environments,
-        trigger.host_globs,
-        trigger.resource_types,
-        trigger.title_globs,
-        trigger.tags,
-    )
+    filters = trigger.filters()
     link = f"{settings.RELAY_PUBLIC_URL}/api/triggers/{trigger.pk}/events/{event.pk}/"
     url = trigger.slack_webhook_url()
     if not url:

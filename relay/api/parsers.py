@@ -2,14 +2,10 @@ import json
 from typing import Any
 
 from django.conf import settings
-from rest_framework import exceptions, status
+from rest_framework import exceptions
 from rest_framework.parsers import JSONParser
 
-
-class PayloadTooLarge(exceptions.APIException):
-    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
-    default_detail = "The request body is too large."
-    default_code = "payload_too_large"
+from relay.api.exceptions import PayloadTooLarge
 
 
 class BoundedJSONParser(JSONParser):

@@ -13,28 +13,17 @@ from typing import Any
 from django import db
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
-from rest_framework import exceptions, status
+from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from relay.api.exceptions import ServiceUnavailable
 from relay.vault import VaultUnavailable
 
 log = logging.getLogger(__name__)
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 # Paths whose errors are problem documents even when Django, not DRF, answers them.
 API_PREFIXES = ("/api/", "/_puppet/")
-
-
-class ServiceUnavailable(exceptions.APIException):
-    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
-    default_detail = "A service this request needs is unavailable. Try again later."
-    default_code = "service_unavailable"
-
-
-class Conflict(exceptions.APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_detail = "The request conflicts with the resource's current state."
-    default_code = "conflict"
 
 
 def problem(status_code: int, detail: str, code: str, instance: str = "", **extra: Any) -> dict[str, Any]:

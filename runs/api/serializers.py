@@ -12,7 +12,7 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from puppet_connection.models import Platform
-from relay.api.parsers import PayloadTooLarge
+from relay.api.exceptions import PayloadTooLarge
 from relay.api.serializers import JSONObjectField, RejectUnknownFields, StrictBooleanField, StrictCharField
 from runs.models import CLIENT_OUTCOMES, RunType, Status
 

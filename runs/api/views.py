@@ -10,8 +10,8 @@ from rest_framework.response import Response
 from rest_framework.viewsets import GenericViewSet
 
 from relay.api.authentication import ConnectionTokenAuthentication
+from relay.api.exceptions import Conflict as ConflictProblem
 from relay.api.permissions import IsConnection
-from relay.api.problems import Conflict as ConflictProblem
 from runs.api.serializers import AcceptSerializer, RunCreateSerializer, StateSerializer
 from runs.models import OPEN_STATES, Conflict, Run, Status
 from runs.notify import wait_for_runs
