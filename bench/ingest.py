@@ -113,9 +113,9 @@ def main() -> None:
             CELERY_BROKER_URL="redis://127.0.0.1:6379/14",  # its own db; nobody consumes it
             STATIC_ROOT=str(workdir / "static"),
         ) as env,
-        service.gunicorn(env) as port,
+        service.gunicorn(env) as (port, master),
     ):
-        run(args, report, port)
+        run(args, report, port, master)
     shutil.rmtree(workdir, ignore_errors=True)
 
 

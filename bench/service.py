@@ -46,6 +46,8 @@ def prepared(database: str, **extra_env: str) -> Iterator[dict[str, str]]:
         **extra_env,
     }
     os.environ.update(env)
+    if "STATIC_ROOT" in env:
+        Path(env["STATIC_ROOT"]).mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, str(ROOT / "manage.py"), "migrate", "-v0"], env=env, check=True)
     import django
 
