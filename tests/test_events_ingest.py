@@ -132,3 +132,50 @@ def test_a_body_shorter_than_its_content_length_is_400(live_server, alice):
     assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
     assert b"The body ended after" in answer
     assert Event.objects.count() == 0
+
+
+def test_a_resend_of_the_same_run_is_the_same_event(trigger):
+    _, token = trigger
+    first = post(token, REPORT).json()["id"]
+    # The same run (transaction_uuid), another body: answered with the first event's id.
+    assert post(token, REPORT + b"# resent by a retrying processor\n").json()["id"] == first
+    assert Event.objects.count() == 1
+
+
+def test_a_push_body_resent_with_its_key_is_the_same_event(trigger):
+    _, token = trigger
+    body = {"data": {"host": "web1", "status": "changed"}, "key": "run-7"}
+    first = post(token, json.dumps(body).encode(), "application/json").json()["id"]
+    body["data"]["status"] = "failed"  # another body, the same key
+    assert post(token, json.dumps(body).encode(), "application/json").json()["id"] == first
+    body["key"] = "run-8"
+    assert post(token, json.dumps(body).encode(), "application/json").json()["id"] != first
+    assert Event.objects.count() == 2
+
+
+def test_a_large_json_report_is_peeked_not_read_whole(trigger):
+    _, token = trigger
+    report = {
+        "host": "h",
+        "transaction_uuid": "6b7a1c3e-0000-4000-8000-00000000abcd",
+        "status": "changed",
+        "logs": [{"message": "x" * 100} for _ in range(5000)],
+    }
+    body = json.dumps(report).encode()
+    assert len(body) > 256 * 1024
+    first = post(token, body, "application/json").json()["id"]
+    assert Event.objects.get(pk=first).transaction_uuid == report["transaction_uuid"]
+    assert post(token, body + b" ", "application/json").json()["id"] == first
+
+
+def test_a_failed_report_may_be_sent_again(trigger):
+    _, token = trigger
+    first = post(token, REPORT).json()["id"]
+    Event.objects.filter(pk=first).update(state="failed")
+    assert post(token, REPORT + b"# fixed\n").json()["id"] != first
+
+
+def test_a_deeply_nested_json_body_is_still_a_202_at_the_door(trigger):
+    _, token = trigger
+    body = b'{"host": "deep", "x": ' + b"[" * 100000 + b"]" * 100000 + b"}"
+    assert post(token, body, "application/json").status_code == 202

@@ -237,11 +237,24 @@ def test_a_class_in_the_containment_path_matches_a_tag_filter(make_trigger):
     assert ingest(token, json.dumps(body).encode(), "application/json").state == "matched"
 
 
-def test_a_resend_of_the_same_transaction_is_a_duplicate(make_trigger):
-    _, token = make_trigger()
+def test_two_resends_that_raced_past_the_door_end_one_read_one_duplicate(make_trigger):
+    trigger, token = make_trigger()
     first = ingest(token, PUPPET_8)
-    again = ingest(token, PUPPET_8 + b"\n# resent\n")  # another body, the same transaction_uuid
-    assert again.state == "duplicate" and again.duplicate_of_id == first.pk
+    # As if a second copy had arrived before the first was recorded: the door could not
+    # know, so it made a second event; the worker settles it.
+    racer = post(token, PUPPET_8 + b"\n# resent\n").json()["id"]
+    assert racer == str(first.pk)  # (the door does know, once the first is recorded)
+    body = PUPPET_8 + b"\n# raced\n"
+    from django.core.files.base import ContentFile
+
+    from triggers.ingest import body_name
+
+    sha256 = hashlib.sha256(body).hexdigest()
+    storages["events"].save(body_name(sha256), ContentFile(body))
+    raced = Event.objects.create(trigger=trigger, body_format="yaml", body_sha256=sha256, body_size=len(body))
+    services.process(str(raced.pk))
+    raced.refresh_from_db()
+    assert raced.state == "duplicate" and raced.duplicate_of_id == first.pk
 
 
 def test_processing_is_idempotent(make_trigger):

@@ -7,7 +7,9 @@ its SHA-256: `bodies/<aa>/<bb>/<sha256>`. Memory stays bounded whatever the size
 """
 
 import hashlib
+import json
 import logging
+import re
 import tempfile
 import zlib
 from typing import BinaryIO
@@ -16,11 +18,12 @@ from django.conf import settings
 from django.core.files import File
 from django.core.files.storage import storages
 from django.db import transaction
+from django.db.models import Q
 from django.http import HttpRequest
 from rest_framework import exceptions
 
 from relay.api.exceptions import LengthRequired, PayloadTooLarge
-from triggers.models import BodyFormat, Event, Trigger
+from triggers.models import BodyFormat, Event, EventState, Trigger
 
 log = logging.getLogger(__name__)
 CHUNK = 64 * 1024
@@ -108,8 +111,8 @@ def body_name(sha256: str) -> str:
 
 
 def receive(request: HttpRequest, trigger: Trigger) -> tuple[Event, bool]:
-    """Store the body and record the event. Returns (event, created): the same body again
-    for the same trigger is the event already recorded."""
+    """Store the body and record the event. Returns (event, created): a resend (the same
+    body, transaction_uuid or key again for the trigger) is the event already recorded."""
     fmt = body_format(request)
     length = content_length(request)
     gzipped = request.META.get("HTTP_CONTENT_ENCODING", "").strip().lower() == "gzip"
@@ -119,7 +122,8 @@ def receive(request: HttpRequest, trigger: Trigger) -> tuple[Event, bool]:
     with tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY) as spool:
         sha256 = spool_body(request, length, gzipped, spool)
         size = spool.tell()
-        existing = Event.objects.filter(trigger=trigger, body_sha256=sha256).first()
+        transaction_uuid, key = peek(spool, fmt, size)
+        existing = _resent(trigger, sha256, transaction_uuid, key)
         if existing is not None:
             return existing, False
         name = body_name(sha256)
@@ -128,9 +132,66 @@ def receive(request: HttpRequest, trigger: Trigger) -> tuple[Event, bool]:
             storage.save(name, File(spool))
     # The body is durable now; the row is once this commits. Only then is the worker told.
     with transaction.atomic():
-        event = Event.objects.create(trigger=trigger, body_format=fmt, body_sha256=sha256, body_size=size)
+        event = Event.objects.create(
+            trigger=trigger,
+            body_format=fmt,
+            body_sha256=sha256,
+            body_size=size,
+            transaction_uuid=transaction_uuid,
+            key=key,
+        )
         transaction.on_commit(lambda: _enqueue(event.pk))
     return event, True
+
+
+# A bounded look at a body, not a parse: what tells a resend of the same run. A small JSON
+# body (a push body from the report processor) is read whole, which is cheap in C; anything
+# else has only its first PEEK_BYTES scanned for the report's top-level transaction_uuid
+# (Puppet writes it in the first lines). The worker reads the real values later and settles
+# any race between resends that both got past this (see Event's unique constraints).
+PEEK_WHOLE_JSON = 256 * 1024
+PEEK_BYTES = 8 * 1024
+_UUID_YAML = re.compile(rb"(?m)^transaction_uuid: ['\"]?([0-9A-Za-z-]{1,64})['\"]?[ \t]*\r?$")
+_UUID_JSON = re.compile(rb'"transaction_uuid"\s*:\s*"([0-9A-Za-z-]{1,64})"')
+
+
+def peek(spool: BinaryIO, fmt: str, size: int) -> tuple[str, str]:
+    """(transaction_uuid, key) as far as a bounded look tells; "" where it does not."""
+    spool.seek(0)
+    if fmt == BodyFormat.JSON and size <= PEEK_WHOLE_JSON:
+        try:
+            document = json.loads(spool.read())
+        except (ValueError, RecursionError):
+            return "", ""  # the worker will say what is wrong with it
+        if not isinstance(document, dict):
+            return "", ""
+        if isinstance(document.get("data"), dict):  # a push body
+            report, key = document["data"], document.get("key")
+        else:
+            report, key = document, None
+        uuid = report.get("transaction_uuid")
+        return (uuid[:64] if isinstance(uuid, str) else ""), (
+            str(key)[:255] if isinstance(key, str | int) else ""
+        )
+    head = spool.read(PEEK_BYTES)
+    match = (_UUID_YAML if fmt == BodyFormat.YAML else _UUID_JSON).search(head)
+    return (match.group(1).decode() if match else ""), ""
+
+
+def _resent(trigger: Trigger, sha256: str, transaction_uuid: str, key: str) -> Event | None:
+    """An earlier event of this trigger with the same body, run or key (not a failed one:
+    a report that could not be read may be sent again)."""
+    same = Q(body_sha256=sha256)
+    if transaction_uuid:
+        same |= Q(transaction_uuid=transaction_uuid)
+    if key:
+        same |= Q(key=key)
+    return (
+        Event.objects.filter(same, trigger=trigger)
+        .exclude(state__in=(EventState.FAILED, EventState.DUPLICATE))
+        .order_by("received_at")
+        .first()
+    )
 
 
 def _enqueue(event_id: object) -> None:
