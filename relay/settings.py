@@ -140,17 +140,37 @@ STATIC_URL = "static/"
 STATIC_ROOT = Path(env.str("STATIC_ROOT", default=str(VAR_DIR / "static")))
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
-    # Event bodies and their offloaded parts, content-addressed. An S3-compatible store
-    # works too (django-storages): set EVENTS_STORAGE_BACKEND and its options' variables.
-    "events": {
-        "BACKEND": env.str("EVENTS_STORAGE_BACKEND", default="relay.storage.DurableFileSystemStorage"),
+    # Event bodies and their offloaded parts, content-addressed: see EVENTS_STORAGE below.
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
+
+# Where event bodies and offloaded parts live: "filesystem" (fsynced files under
+# EVENTS_STORAGE_LOCATION) or "s3" (any S3-compatible store, through django-storages).
+EVENTS_STORAGE = env.str("EVENTS_STORAGE", default="filesystem")
+if EVENTS_STORAGE == "s3":
+    STORAGES["events"] = {
+        "BACKEND": "storages.backends.s3.S3Storage",
+        "OPTIONS": {
+            "bucket_name": env.str("EVENTS_S3_BUCKET"),
+            "endpoint_url": env.str("EVENTS_S3_ENDPOINT_URL", default="") or None,
+            "region_name": env.str("EVENTS_S3_REGION", default="") or None,
+            "access_key": env_secret("EVENTS_S3_ACCESS_KEY_ID", default="") or None,
+            "secret_key": env_secret("EVENTS_S3_SECRET_ACCESS_KEY", default="") or None,
+            "location": env.str("EVENTS_S3_PREFIX", default="relay-events"),
+            "file_overwrite": True,  # same name, same content
+            "default_acl": None,
+        },
+    }
+elif EVENTS_STORAGE == "filesystem":
+    STORAGES["events"] = {
+        "BACKEND": "relay.storage.DurableFileSystemStorage",
         "OPTIONS": {
             "location": env.str("EVENTS_STORAGE_LOCATION", default=str(VAR_DIR / "events")),
             "allow_overwrite": True,  # same name, same content: a race between two saves is harmless
         },
-    },
-    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
-}
+    }
+else:
+    raise ImproperlyConfigured("EVENTS_STORAGE is filesystem or s3.")
 
 # Never echo Authorization headers or token-bearing locals on error pages or in error mails.
 DEFAULT_EXCEPTION_REPORTER_FILTER = "relay.reporting.RelayExceptionReporterFilter"

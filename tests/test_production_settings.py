@@ -61,3 +61,33 @@ def test_a_short_pepper_is_refused(production):
 def test_debug_mode_runs_without_secrets():
     result = manage(["check"], DEBUG="true")
     assert result.returncode == 0, result.stderr
+
+
+def test_s3_event_storage_is_configured_from_the_environment(production, tmp_path):
+    (tmp_path / "s3-secret").write_text("s3-secret-key\n")
+    code = (
+        "from django.core.files.storage import storages; s = storages['events']; "
+        "print(type(s).__name__, s.bucket_name, s.endpoint_url, s.location, s.secret_key)"
+    )
+    result = manage(
+        ["shell", "-c", code],
+        EVENTS_STORAGE="s3",
+        EVENTS_S3_BUCKET="reports",
+        EVENTS_S3_ENDPOINT_URL="https://s3.example.com",
+        EVENTS_S3_ACCESS_KEY_ID="id",
+        EVENTS_S3_SECRET_ACCESS_KEY_FILE=str(tmp_path / "s3-secret"),
+        **production,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[-5:] == [
+        "S3Storage",
+        "reports",
+        "https://s3.example.com",
+        "relay-events",
+        "s3-secret-key",
+    ]
+
+
+def test_an_unknown_event_storage_stops_the_service(production):
+    result = manage(["check"], EVENTS_STORAGE="ftp", **production)
+    assert result.returncode != 0 and "EVENTS_STORAGE" in result.stderr
