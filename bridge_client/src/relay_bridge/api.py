@@ -1,0 +1,147 @@
+"""The one place that talks to the Relay service's `/_puppet/runs` API.
+
+Every call carries the connection token (Bearer), and X-Relay-Platform / X-Relay-Backend so
+the service knows what this bridge can run. Network errors and 5xx answers are retried with
+capped exponential backoff and full jitter; a 4xx is the caller's to handle (ApiError)."""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import requests
+
+from relay_bridge import __version__
+
+
+class ApiError(Exception):
+    """The service answered 4xx (or kept failing): status, and its problem body if any."""
+
+    def __init__(self, status: int, problem: dict[str, Any] | None, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.problem = problem or {}
+
+
+class RelayClient:
+    def __init__(
+        self,
+        api_url: str,
+        token: str,
+        platform: str = "",
+        backend: str = "",
+        proxy_url: str | None = None,
+        attempts: int = 6,
+        backoff: float = 0.5,
+        backoff_cap: float = 30.0,
+        timeout: float = 30.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.base = api_url.rstrip("/") + "/_puppet/"
+        self.session = requests.Session()
+        self.session.headers.update(
+            {
+                "Authorization": f"Bearer {token}",
+                "User-Agent": f"relay-bridge/{__version__}",
+                "Accept": "application/json",
+            }
+        )
+        if platform:
+            self.session.headers["X-Relay-Platform"] = platform
+        if backend:
+            self.session.headers["X-Relay-Backend"] = backend
+        if proxy_url:
+            self.session.proxies = {"http": proxy_url, "https": proxy_url}
+        self.attempts, self.backoff, self.backoff_cap = attempts, backoff, backoff_cap
+        self.timeout, self.sleep = timeout, sleep
+
+    def __repr__(self) -> str:
+        return f"RelayClient({self.base!r})"  # never the token
+
+    def close(self) -> None:
+        self.session.close()
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        timeout: float | None = None,
+        resend: bool = True,
+        **params: Any,
+    ) -> Any:
+        """`resend=False` for calls that must not be sent twice: a network error may come
+        after the service acted. (A 5xx is retried: the service answers those before it acts.)"""
+        last = "no answer"
+        for attempt in range(self.attempts):
+            if attempt:
+                # Full jitter: many bridges coming back after an outage do not all hit at once.
+                self.sleep(random.uniform(0, min(self.backoff_cap, self.backoff * 2**attempt)))  # noqa: S311
+            try:
+                answer = self.session.request(
+                    method,
+                    self.base + path,
+                    json=body,
+                    params=params or None,
+                    timeout=timeout or self.timeout,
+                )
+            except requests.RequestException as exc:
+                last = f"{type(exc).__name__}: {exc}"
+                if not resend:
+                    break
+                continue
+            if answer.status_code >= 500:
+                last = f"{answer.status_code} {answer.text[:200]}"
+                continue
+            if answer.status_code >= 400:
+                problem = _json(answer)
+                detail = problem.get("detail") if isinstance(problem, dict) else None
+                raise ApiError(
+                    answer.status_code,
+                    problem if isinstance(problem, dict) else None,
+                    f"{method} {path}: {answer.status_code} {detail or answer.text[:200]}",
+                )
+            return _json(answer)
+        raise ApiError(0, None, f"{method} {path}: gave up after {self.attempts} tries ({last})")
+
+    def create_run(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", "runs", spec, resend=False)  # sent twice, it would be two runs
+
+    def cancel(self, run_id: str) -> dict[str, Any]:
+        return self._call("POST", f"runs/{run_id}/cancel")
+
+    def get_run(self, run_id: str) -> dict[str, Any]:
+        return self._call("GET", f"runs/{run_id}")
+
+    def list_runs(self, status: str | None = None, wait: int = 0) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {}
+        if status:
+            params["status"] = status
+        if wait:
+            params["wait"] = wait
+        answer = self._call("GET", "runs", timeout=self.timeout + wait, **params)
+        return answer["runs"]
+
+    def accept(self, run_id: str, lease_id: str | None = None) -> str | None:
+        """The lease id when this bridge now holds the run; None when another one does."""
+        lease_id = lease_id or str(uuid.uuid4())
+        try:
+            return self._call("POST", f"runs/{run_id}/accept", {"lease_id": lease_id})["lease_id"]
+        except ApiError as exc:
+            if exc.status == 409:
+                return None
+            raise
+
+    def put_state(self, run_id: str, state: dict[str, Any], lease_id: str | None = None) -> dict[str, Any]:
+        body = {**state, "lease_id": lease_id} if lease_id else state
+        return self._call("PUT", f"runs/{run_id}/state", body)
+
+
+def _json(answer: requests.Response) -> Any:
+    try:
+        return answer.json()
+    except ValueError:
+        return None
