@@ -4,6 +4,7 @@ the create or the regenerate, and a Vault failure is a message, never a half-sav
 from urllib.parse import urlencode
 
 from django.contrib import admin, messages
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
@@ -15,9 +16,25 @@ from relay import tokens, vault
 
 class TokenHolderAdmin(admin.ModelAdmin):
     change_form_template = "admin/relay/token_change_form.html"
+    search_fields = ["name", "description", "owner__username", "token_lookup"]
+    autocomplete_fields = ["owner"]
+    # What the add form asks for; the change form shows these and readonly_fields.
+    editable_fields: tuple[str, ...] = ("name", "description", "owner")
     # Fields of the add form kept when Vault fails and the form is shown again.
     add_form_fields: tuple[str, ...] = ("name", "description", "owner")
     token_hint = ""  # where the user puts the token, shown beside it
+
+    def get_fields(self, request: HttpRequest, obj: tokens.TokenHolder | None = None) -> list[str]:
+        if obj is None:
+            return list(self.editable_fields)
+        return [*self.editable_fields, *self.readonly_fields]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: tokens.TokenHolder | None = None) -> list[str]:
+        # The owner is chosen once: moving a holder would hand its token to another user.
+        return [*self.readonly_fields, "owner"] if obj else []
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).select_related("owner")
 
     def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, str]:
         return {"owner": str(request.user.pk), **super().get_changeform_initial_data(request)}

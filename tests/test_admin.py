@@ -121,3 +121,13 @@ def test_a_duplicate_name_in_the_admin_is_a_form_error(admin_client, staff):
     page = admin_client.post(ADD, {"name": "prod", "owner": staff.pk})
     assert page.status_code == 200 and "already exists" in page.content.decode()
     assert PuppetConnection.objects.count() == 1
+
+
+def test_the_owner_of_a_connection_cannot_be_changed(admin_client, connection, bob):
+    conn, _ = connection
+    page = admin_client.post(
+        f"{LIST}{conn.pk}/change/", {"name": "renamed", "description": "", "owner": bob.pk}
+    )
+    assert page.status_code == 302
+    conn.refresh_from_db()
+    assert conn.name == "renamed" and conn.owner.username == "alice"  # owner stays: it is read-only

@@ -1,5 +1,4 @@
 from django.contrib import admin
-from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 
@@ -19,7 +18,6 @@ class TriggerAdmin(TokenHolderAdmin):
         "token_regenerated_at",
     ]
     list_filter = ["has_slack_webhook", "created", "last_used"]
-    search_fields = ["name", "description", "owner__username", "token_lookup"]
     readonly_fields = [
         "id",
         "token_prefix",
@@ -28,23 +26,19 @@ class TriggerAdmin(TokenHolderAdmin):
         "last_used",
         "token_regenerated_at",
     ]
-    autocomplete_fields = ["owner"]
-    filter_fields = ["statuses", "environments", "host_globs", "resource_types", "title_globs", "tags"]
+    editable_fields = (
+        *TokenHolderAdmin.editable_fields,
+        "statuses",
+        "environments",
+        "host_globs",
+        "resource_types",
+        "title_globs",
+        "tags",
+    )
     token_hint = (
         "Use it as the password in Puppet's reporturl (https://any:TOKEN@host/api/events), "
         "or as a Bearer token."
     )
-
-    def get_fields(self, request: HttpRequest, obj: Trigger | None = None) -> list[str]:
-        if obj is None:
-            return ["name", "description", "owner", *self.filter_fields]
-        return ["name", "description", "owner", *self.filter_fields, *self.readonly_fields]
-
-    def get_readonly_fields(self, request: HttpRequest, obj: Trigger | None = None) -> list[str]:
-        return [*self.readonly_fields, "owner"] if obj else []
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[Trigger]:
-        return super().get_queryset(request).select_related("owner")
 
 
 @admin.register(Event)
