@@ -15,6 +15,7 @@ from typing import Any
 import requests
 
 from relay_bridge import __version__
+from relay_bridge.logs import logger
 
 
 class ApiError(Exception):
@@ -71,13 +72,19 @@ class RelayClient:
         body: Any = None,
         timeout: float | None = None,
         resend: bool = True,
+        attempts: int | None = None,
         **params: Any,
-    ) -> Any:
+    ) -> dict[str, Any]:
         """`resend=False` for calls that must not be sent twice: a network error may come
         after the service acted. (A 5xx is retried: the service answers those before it acts.)"""
         last = "no answer"
-        for attempt in range(self.attempts):
+        attempts = attempts or self.attempts
+        for attempt in range(attempts):
             if attempt:
+                logger.warning(
+                    "service call failed; retrying",
+                    extra={"fields": {"call": f"{method} {path}", "error": last}},
+                )
                 # Full jitter: many bridges coming back after an outage do not all hit at once.
                 self.sleep(random.uniform(0, min(self.backoff_cap, self.backoff * 2**attempt)))  # noqa: S311
             try:
@@ -104,8 +111,12 @@ class RelayClient:
                     problem if isinstance(problem, dict) else None,
                     f"{method} {path}: {answer.status_code} {detail or answer.text[:200]}",
                 )
-            return _json(answer)
-        raise ApiError(0, None, f"{method} {path}: gave up after {self.attempts} tries ({last})")
+            document = _json(answer)
+            if isinstance(document, dict):
+                return document
+            # A proxy's error page, a truncated answer: not the service speaking. Try again.
+            last = f"{answer.status_code} with a body that is not a JSON object: {answer.text[:200]!r}"
+        raise ApiError(0, None, f"{method} {path}: gave up after {attempts} tries ({last})")
 
     def create_run(self, spec: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", "runs", spec, resend=False)  # sent twice, it would be two runs
@@ -123,21 +134,28 @@ class RelayClient:
         if wait:
             params["wait"] = wait
         answer = self._call("GET", "runs", timeout=self.timeout + wait, **params)
-        return answer["runs"]
+        runs = answer.get("runs")
+        if not isinstance(runs, list):
+            raise ApiError(0, None, "GET runs: the answer has no list of runs")
+        return [run for run in runs if isinstance(run, dict) and isinstance(run.get("id"), str)]
 
     def accept(self, run_id: str, lease_id: str | None = None) -> str | None:
         """The lease id when this bridge now holds the run; None when another one does."""
         lease_id = lease_id or str(uuid.uuid4())
         try:
-            return self._call("POST", f"runs/{run_id}/accept", {"lease_id": lease_id})["lease_id"]
+            return self._call("POST", f"runs/{run_id}/accept", {"lease_id": lease_id}).get(
+                "lease_id", lease_id
+            )
         except ApiError as exc:
             if exc.status == 409:
                 return None
             raise
 
-    def put_state(self, run_id: str, state: dict[str, Any], lease_id: str | None = None) -> dict[str, Any]:
+    def put_state(
+        self, run_id: str, state: dict[str, Any], lease_id: str | None = None, attempts: int | None = None
+    ) -> dict[str, Any]:
         body = {**state, "lease_id": lease_id} if lease_id else state
-        return self._call("PUT", f"runs/{run_id}/state", body)
+        return self._call("PUT", f"runs/{run_id}/state", body, attempts=attempts)
 
 
 def _json(answer: requests.Response) -> Any:

@@ -25,6 +25,7 @@ KNOWN = (
     "proxy_user",
     "proxy_password",
     "state_dir",
+    "heartbeat_interval",  # ours, not the module's: seconds between heartbeats (default 15)
 )
 
 
@@ -42,6 +43,7 @@ class Config:
     backend_options: dict[str, dict[str, Any]]
     proxy_url: str | None = field(repr=False)  # may hold the proxy password
     state_dir: Path
+    heartbeat_interval: float = 15.0
 
     def options(self, backend: str) -> dict[str, Any]:
         return self.backend_options.get(backend, {})
@@ -129,11 +131,19 @@ def _validate(values: dict[str, Any]) -> Config:
     elif values.get("proxy_port") or values.get("proxy_user"):
         raise ConfigError("proxy_host", "is needed with proxy_port or proxy_user")
 
+    try:
+        heartbeat = float(values.get("heartbeat_interval", 15.0))
+    except (TypeError, ValueError):
+        raise ConfigError("heartbeat_interval", "must be a number of seconds") from None
+    if not 0 < heartbeat <= 3600:
+        raise ConfigError("heartbeat_interval", "must be more than 0 and at most 3600 seconds")
+
     return Config(
         relay_api_url=url.rstrip("/") + "/",
         relay_connection_token=token,
         backend=backend,
         backend_options=options,
         proxy_url=proxy_url,
-        state_dir=Path(str(values.get("state_dir", "/var/lib/relay-bridge"))),
+        state_dir=Path(str(values.get("state_dir", "/var/lib/relay-bridge"))).absolute(),
+        heartbeat_interval=heartbeat,
     )

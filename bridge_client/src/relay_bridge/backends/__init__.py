@@ -1,0 +1,124 @@
+"""Backends start Puppet for a run and watch it: SSH here; Bolt and the PE orchestrator
+follow the same shape. A backend's `start` returns a Job the worker heartbeats around."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from relay_bridge.config import Config, ConfigError
+
+# What `puppet agent -t` exit codes mean (integration contract §6; -t implies
+# --detailed-exitcodes). 0 and 2 are a good run.
+EXIT_MEANINGS = {
+    0: "no changes",
+    1: "the run failed, or another run was already in progress",
+    2: "changes applied",
+    4: "some resources failed",
+    6: "changes applied and some resources failed",
+}
+GOOD_EXITS = (0, 2)
+
+
+class RunError(Exception):
+    """The run cannot be done at all (e.g. a scope the backend cannot reach): it completes
+    with outcome `error` and this message."""
+
+
+@dataclass
+class NodeResult:
+    name: str
+    state: str  # finished | failed | skipped
+    exit_code: int | None = None
+    meaning: str = ""
+    duration: float = 0.0
+    output: str = ""  # the tail of what the node printed
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"name": self.name, "state": self.state, "duration": round(self.duration, 3)}
+        if self.exit_code is not None:
+            doc["exit_code"] = self.exit_code
+        if self.meaning:
+            doc["meaning"] = self.meaning
+        if self.output:
+            doc["output"] = self.output
+        if self.details:
+            doc["details"] = self.details
+        return doc
+
+
+def meaning_of(exit_code: int) -> str:
+    return EXIT_MEANINGS.get(exit_code, f"unexpected exit code {exit_code}")
+
+
+def outcome_of(nodes: list[NodeResult]) -> str:
+    """`finished` when every node ran Puppet to a good end, else `failed`."""
+    return "finished" if nodes and all(n.state == "finished" for n in nodes) else "failed"
+
+
+class Job(Protocol):
+    job_id: str  # what the service shows as the run's job_id
+
+    def wait(self, timeout: float) -> bool:
+        """Block up to `timeout` seconds; True once the job is over."""
+
+    def stop(self) -> None:
+        """Stop Puppet everywhere it still runs; `wait` then returns True soon."""
+
+    def result(self) -> tuple[str, Any]:
+        """(outcome, run_results), once `wait` returned True."""
+
+
+class Backend(Protocol):
+    name: str
+    platform: str  # `pe` or `oss`, for X-Relay-Platform
+
+    def start(self, run: dict[str, Any], workdir: Path) -> Job:
+        """Start Puppet for the run; raises RunError when it cannot."""
+
+
+def puppet_flags(run: dict[str, Any]) -> list[str]:
+    """`puppet agent -t` flags for a run. Always --noop or --no-noop, so a node whose
+    puppet.conf says `noop = true` still does what the workflow asked."""
+    flags = ["--noop" if run.get("noop") else "--no-noop"]
+    flags += [f"--{name}" for name in ("debug", "trace", "evaltrace") if run.get(name)]
+    if run.get("environment"):
+        flags += ["--environment", str(run["environment"])]
+    return flags
+
+
+def nodes_of(run: dict[str, Any], backend: str) -> list[str]:
+    """The run's node list, or RunError when the backend cannot do what it asks."""
+    kind = run.get("type") or "run"
+    if kind != "run":
+        raise RunError(f"The {backend} backend cannot do {kind}s; use the PE orchestrator backend.")
+    scope = run.get("scope") or {}
+    unsupported = sorted(set(scope) - {"nodes"})
+    if unsupported:
+        raise RunError(
+            f"The {backend} backend can only run on a list of nodes (scope `nodes`), "
+            f"not scope `{unsupported[0]}`: that needs the PE orchestrator."
+        )
+    nodes = scope.get("nodes")
+    if not nodes or not all(isinstance(n, str) and n for n in nodes):
+        raise RunError("The run names no nodes.")
+    return list(dict.fromkeys(nodes))  # once each, in the order given
+
+
+def choose(config: Config, which: Any = shutil.which) -> str:
+    """The RFC's rule: `backend` from configuration, else Bolt when `bolt` is in PATH, else SSH."""
+    if config.backend:
+        return config.backend
+    return "bolt" if which("bolt") else "ssh"
+
+
+def make(config: Config, which: Any = shutil.which) -> Backend:
+    name = choose(config, which)
+    if name == "ssh":
+        from relay_bridge.backends.ssh import SshBackend
+
+        return SshBackend(config.options("ssh"))
+    raise ConfigError("backend", f"the {name} backend is not available in this version")

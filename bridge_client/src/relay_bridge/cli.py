@@ -1,0 +1,113 @@
+"""`relay-bridge`: the bridge daemon's command line.
+
+  relay-bridge poll --once     list pending runs, fork a daemon per run, exit (systemd timer)
+  relay-bridge serve           long-running, long-polls the service (systemd service)
+  relay-bridge systemd-units DIR   write the systemd units for this installation
+
+Exit status 2 for invalid configuration, naming the key."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from importlib import resources
+from pathlib import Path
+
+from relay_bridge import __version__, backends, config, logs
+from relay_bridge.daemon import Server, install_signal_handlers, poll_once
+
+UNITS = ("relay-bridge.service", "relay-bridge-poll.service", "relay-bridge-poll.timer")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="relay-bridge", description="The bridge between Puppet and Relay.")
+    p.add_argument("--version", action="version", version=f"relay-bridge {__version__}")
+    p.add_argument("--config", type=Path, help=f"YAML configuration (default {config.DEFAULT_PATH})")
+    p.add_argument("--api-url", dest="relay_api_url")
+    p.add_argument("--token-file", dest="relay_connection_token_file")
+    p.add_argument("--backend", choices=config.BACKENDS)
+    p.add_argument("--state-dir", dest="state_dir")
+    p.add_argument("--heartbeat-interval", dest="heartbeat_interval", type=float)
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    commands = p.add_subparsers(dest="command", required=True)
+
+    poll = commands.add_parser("poll", help="work the pending runs, a daemon per run")
+    poll.add_argument("--once", action="store_true", required=True, help="one round, then exit (for a timer)")
+
+    serve = commands.add_parser("serve", help="run until SIGTERM, long-polling for runs")
+    serve.add_argument("--max-concurrent", type=int, default=10, help="runs worked at once (default 10)")
+    serve.add_argument("--wait", type=int, default=30, help="long-poll seconds (default 30, at most 60)")
+    serve.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=60.0,
+        help="on SIGTERM, seconds to let Puppet finish before stopping it (default 60)",
+    )
+
+    units = commands.add_parser("systemd-units", help="write this installation's systemd units to DIR")
+    units.add_argument("directory", type=Path)
+    return p
+
+
+def write_units(directory: Path, executable: str, config_path: Path) -> list[Path]:
+    """The shipped units, with ExecStart pointing at this installation's relay-bridge."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in UNITS:
+        text = resources.files("relay_bridge").joinpath("systemd", name).read_text()
+        text = text.replace("@RELAY_BRIDGE@", executable).replace("@CONFIG@", str(config_path))
+        target = directory / name
+        target.write_text(text)
+        written.append(target)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logs.setup(args.log_level)
+    if args.command == "systemd-units":
+        executable = shutil.which("relay-bridge") or sys.argv[0]
+        for path in write_units(
+            args.directory, str(Path(executable).absolute()), args.config or config.DEFAULT_PATH
+        ):
+            print(path)
+        return 0
+    overrides = {
+        key: getattr(args, key)
+        for key in (
+            "relay_api_url",
+            "relay_connection_token_file",
+            "backend",
+            "state_dir",
+            "heartbeat_interval",
+        )
+    }
+    if overrides["relay_connection_token_file"]:
+        overrides["relay_connection_token"] = None
+    try:
+        settings = config.load(args.config, overrides=overrides)
+        backend = backends.make(settings)
+        if args.command == "serve" and not 1 <= args.max_concurrent <= 1000:
+            raise config.ConfigError("--max-concurrent", "must be from 1 to 1000")
+        if args.command == "serve" and not 0 <= args.wait <= 60:
+            raise config.ConfigError("--wait", "must be from 0 to 60 seconds")
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+    except config.ConfigError as exc:
+        print(f"relay-bridge: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"relay-bridge: invalid configuration: state_dir: {exc.strerror}", file=sys.stderr)
+        return 2
+
+    if args.command == "poll":
+        return 0 if poll_once(settings, backend, settings.heartbeat_interval) >= 0 else 1
+    server = Server(
+        settings, backend, settings.heartbeat_interval, args.max_concurrent, args.wait, args.stop_timeout
+    )
+    install_signal_handlers(server)
+    return server.serve()
+
+
+def main_exit() -> None:
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""The two ways to run the bridge.
+
+`poll --once` is the RFC's flow for a systemd timer: list the pending runs, fork a
+daemonized worker for each, and exit at once (the unit needs KillMode=process so systemd
+lets the workers live on). `serve` is one long-running process: it waits on the service's
+long-poll and works each run in a thread of its own, at most `max_concurrent` at a time,
+and on SIGTERM stops taking runs and finishes (or stops and completes) what it holds."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from relay_bridge.api import ApiError, RelayClient
+from relay_bridge.backends import Backend
+from relay_bridge.config import Config
+from relay_bridge.logs import logger
+from relay_bridge.worker import RunWorker
+
+
+def client_for(config: Config, backend: Backend) -> RelayClient:
+    return RelayClient(
+        config.relay_api_url,
+        config.relay_connection_token,
+        platform=backend.platform,
+        backend=backend.name,
+        proxy_url=config.proxy_url,
+    )
+
+
+def poll_once(config: Config, backend: Backend, heartbeat: float) -> int:
+    """List pending runs; fork a daemon for each. Returns how many were forked."""
+    client = client_for(config, backend)
+    try:
+        runs = client.list_runs(status="pending")
+    except ApiError as exc:
+        logger.error("could not list runs", extra={"fields": {"error": str(exc)}})
+        return -1
+    finally:
+        client.close()  # never share a connection with the forked children
+    forked = 0
+    for run in runs:
+        if _daemonize():
+            forked += 1
+            continue
+        # In the daemonized grandchild: work the run, then leave without running the parent's
+        # cleanup (atexit handlers, buffered output belong to the parent).
+        code = 0
+        try:
+            worker_client = client_for(config, backend)
+            RunWorker(worker_client, backend, run, config.state_dir, heartbeat).work()
+        except BaseException:
+            logger.exception("the run's worker crashed", extra={"run_id": run.get("id")})
+            code = 1
+        finally:
+            sys.stderr.flush()
+            os._exit(code)
+    logger.info("poll done", extra={"fields": {"pending": len(runs), "forked": forked}})
+    return forked
+
+
+def _daemonize() -> bool:
+    """Fork twice so the worker is nobody's child and has no terminal: True in the
+    caller, False in the daemon."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    child = os.fork()
+    if child:
+        os.waitpid(child, 0)  # the middle process exits at once: no zombie
+        return True
+    os.setsid()
+    if os.fork():
+        os._exit(0)
+    os.chdir("/")
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)  # stdout/stderr stay: under systemd they are the journal
+    os.close(devnull)
+    return False
+
+
+class Server:
+    """`relay-bridge serve`."""
+
+    def __init__(
+        self,
+        config: Config,
+        backend: Backend,
+        heartbeat: float = 15.0,
+        max_concurrent: int = 10,
+        wait: int = 30,
+        stop_timeout: float = 60.0,
+    ) -> None:
+        self.config, self.backend = config, backend
+        self.heartbeat, self.max_concurrent, self.wait = heartbeat, max_concurrent, wait
+        self.stop_timeout = stop_timeout
+        self.stopping = threading.Event()
+        self.workers: dict[str, threading.Thread] = {}
+        self.slot_free = threading.Event()
+        self.client = client_for(config, backend)
+
+    def stop(self, *_: Any) -> None:
+        self.stopping.set()
+        self.slot_free.set()
+
+    def serve(self, on_ready: Callable[[], None] | None = None) -> int:
+        logger.info(
+            "serving",
+            extra={"fields": {"backend": self.backend.name, "max_concurrent": self.max_concurrent}},
+        )
+        poller = threading.Thread(target=self._poll, name="poller", daemon=True)
+        poller.start()
+        if on_ready:
+            on_ready()
+        self.stopping.wait()
+        logger.info(
+            "stopping: no new runs; finishing the runs held", extra={"fields": {"held": self._held()}}
+        )
+        for thread in list(self.workers.values()):
+            thread.join(self.stop_timeout + 30)
+        left = self._held()
+        if left:
+            logger.error("stopped with runs still held", extra={"fields": {"held": left}})
+        self.client.close()
+        return 0 if not left else 1
+
+    def _held(self) -> int:
+        return sum(1 for t in self.workers.values() if t.is_alive())
+
+    def _poll(self) -> None:
+        delay = 1.0
+        while not self.stopping.is_set():
+            self.workers = {rid: t for rid, t in self.workers.items() if t.is_alive()}
+            if len(self.workers) >= self.max_concurrent:
+                self.slot_free.clear()
+                self.slot_free.wait(1.0)
+                continue
+            try:
+                runs = self.client.list_runs(status="pending", wait=self.wait)
+                delay = 1.0
+            except ApiError as exc:
+                logger.warning(
+                    "could not list runs", extra={"fields": {"error": str(exc), "retry_in": delay}}
+                )
+                self.stopping.wait(delay)
+                delay = min(delay * 2, 60.0)
+                continue
+            started = 0
+            for run in runs:
+                if self.stopping.is_set() or len(self.workers) >= self.max_concurrent:
+                    break
+                if run["id"] in self.workers:
+                    continue
+                thread = threading.Thread(
+                    target=self._work, args=(run,), name=f"run-{run['id']}", daemon=True
+                )
+                self.workers[run["id"]] = thread
+                thread.start()
+                started += 1
+            if runs and not started:
+                # Pending runs we are already trying to accept: the long-poll answers at
+                # once while they are listed, so do not spin on it.
+                self.stopping.wait(0.5)
+
+    def _work(self, run: dict[str, Any]) -> None:
+        client = client_for(self.config, self.backend)
+        try:
+            RunWorker(
+                client,
+                self.backend,
+                run,
+                self.config.state_dir,
+                self.heartbeat,
+                shutdown=self.stopping,
+                stop_timeout=self.stop_timeout,
+            ).work()
+        except Exception:
+            logger.exception("the run's worker crashed", extra={"run_id": run.get("id")})
+        finally:
+            client.close()
+            self.slot_free.set()
+
+
+def install_signal_handlers(server: Server) -> None:
+    signal.signal(signal.SIGTERM, server.stop)
+    signal.signal(signal.SIGINT, server.stop)

@@ -1,0 +1,146 @@
+"""Working one run, as the RFC's bridge does: accept it (409: another bridge has it, leave
+quietly), start Puppet, report `in-progress` with `next_update_before = now + 3 x heartbeat`,
+heartbeat until Puppet is done, then `complete` with the outcome and a result per node.
+
+The service being down never stops Puppet: failed heartbeats are logged and tried again
+next tick, and the completion is retried (capped, jittered backoff) until it is delivered.
+A `cancel_requested` answer stops Puppet and completes the run `cancelled`."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from relay_bridge.api import ApiError, RelayClient
+from relay_bridge.backends import Backend, Job, RunError
+from relay_bridge.logs import RunLog
+
+MISSED_BEATS = 3  # the promise: the next update comes within 3 heartbeat intervals
+
+
+class RunLost(Exception):
+    """The service says the run is not ours any more (completed by expiry, deleted, or held
+    under another lease): stop working it."""
+
+
+class RunWorker:
+    def __init__(
+        self,
+        client: RelayClient,
+        backend: Backend,
+        run: dict[str, Any],
+        state_dir: Path,
+        heartbeat: float = 15.0,
+        shutdown: threading.Event | None = None,
+        stop_timeout: float = 60.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.client, self.backend, self.run = client, backend, run
+        self.run_id: str = run["id"]
+        self.workdir = state_dir / "runs" / self.run_id
+        self.heartbeat = heartbeat
+        self.shutdown = shutdown or threading.Event()
+        self.stop_timeout = stop_timeout
+        self.sleep = sleep
+        self.log = RunLog(self.run_id)
+        self.lease: str | None = None
+
+    def work(self) -> str | None:
+        """The outcome this bridge completed the run with; None when it did not work it."""
+        try:
+            self.lease = self.client.accept(self.run_id)
+        except ApiError as exc:
+            self.log.warning("could not accept the run", error=str(exc))
+            return None
+        if self.lease is None:
+            self.log.info("another bridge accepted the run; leaving it")
+            return None
+        self.log.info("accepted", lease=self.lease, backend=self.backend.name)
+        try:
+            return self._work()
+        finally:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _work(self) -> str | None:
+        try:
+            job = self.backend.start(self.run, self.workdir)
+        except RunError as exc:
+            self.log.error("the run cannot be done", reason=str(exc))
+            return self._complete("error", {"result": {"msg": str(exc)}})
+        except OSError as exc:
+            self.log.error("could not start Puppet", exc_info=True)
+            return self._complete("error", {"result": {"msg": f"The bridge could not start Puppet: {exc}"}})
+        self.log.info("Puppet started", job_id=job.job_id or None)
+        try:
+            outcome, results = self._watch(job)
+        except RunLost as exc:
+            self.log.error("the service no longer has this run for us; stopping Puppet", reason=str(exc))
+            job.stop()
+            job.wait(30)
+            return None
+        return self._complete(outcome, results)
+
+    def _watch(self, job: Job) -> tuple[str, Any]:
+        """Heartbeat around the job until it is over; its outcome and results."""
+        stopped_because: str | None = None
+        deadline: float | None = None
+        self._beat({"status": "in-progress", **({"job_id": job.job_id} if job.job_id else {})})
+        while not job.wait(self.heartbeat):
+            state = self._beat({"status": "in-progress"})
+            if stopped_because:
+                continue
+            if state and state.get("cancel_requested"):
+                self.log.info("cancel requested; stopping Puppet")
+                stopped_because = "cancelled"
+                job.stop()
+            elif self.shutdown.is_set():
+                deadline = deadline or time.monotonic() + self.stop_timeout
+                if time.monotonic() >= deadline:
+                    self.log.warning("the bridge is stopping and Puppet has not finished; stopping Puppet")
+                    stopped_because = "shutdown"
+                    job.stop()
+        outcome, results = job.result()
+        if stopped_because == "cancelled":
+            return "cancelled", results
+        if stopped_because == "shutdown":
+            msg = "The bridge was stopped before Puppet finished; Puppet was stopped."
+            return "error", {**results, "result": {"msg": msg}}
+        return outcome, results
+
+    def _beat(self, state: dict[str, Any]) -> dict[str, Any] | None:
+        """One state PUT while Puppet runs: the service's answer, or None when it could not
+        be reached (Puppet goes on; the next tick tries again)."""
+        due = datetime.now(timezone.utc) + timedelta(seconds=MISSED_BEATS * self.heartbeat)
+        body = {**state, "next_update_before": due.isoformat()}
+        try:
+            # Two tries only: the next heartbeat is never more than one interval away.
+            return self.client.put_state(self.run_id, body, self.lease, attempts=2)
+        except ApiError as exc:
+            if exc.status in (404, 409):
+                raise RunLost(str(exc)) from None
+            self.log.warning("heartbeat not delivered; Puppet goes on", error=str(exc))
+            return None
+
+    def _complete(self, outcome: str, results: Any) -> str | None:
+        """Deliver the final state; retried until the service takes it."""
+        body = {"status": "complete", "outcome": outcome, "run_results": results}
+        delay = 1.0
+        while True:
+            try:
+                self.client.put_state(self.run_id, body, self.lease)
+            except ApiError as exc:
+                if exc.status in (400, 404, 409):
+                    self.log.error("the service refused the final state", outcome=outcome, error=str(exc))
+                    return None
+                self.log.warning("final state not delivered yet; retrying", outcome=outcome, error=str(exc))
+                self.sleep(random.uniform(delay / 2, delay))  # noqa: S311
+                delay = min(delay * 2, 60.0)
+                continue
+            self.log.info("completed", outcome=outcome)
+            return outcome
