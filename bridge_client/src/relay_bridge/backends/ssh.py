@@ -217,10 +217,10 @@ class SshJob:
             del self._running[node]
         duration = time.monotonic() - started
         tail = _tail(output)
-        if code == UNREACHABLE:
-            return NodeResult(node, "failed", code, "could not connect or log in over SSH", duration, tail)
         if code < 0 or (self._stopping and code not in GOOD_EXITS):
             return NodeResult(node, "failed", None, "stopped before Puppet finished", duration, tail)
+        if code == UNREACHABLE:
+            return NodeResult(node, "failed", code, "could not connect or log in over SSH", duration, tail)
         state = "finished" if code in GOOD_EXITS else "failed"
         return NodeResult(node, state, code, meaning_of(code), duration, tail)
 
