@@ -10,6 +10,7 @@ from rest_framework.test import APIClient
 from puppet_connection.models import PuppetConnection
 from relay import vault
 from tests.bao import BaoDevServer
+from tests.sshd import Sshd
 
 
 def point_vault_at(server: BaoDevServer, token: str) -> None:
@@ -23,6 +24,14 @@ def point_vault_at(server: BaoDevServer, token: str) -> None:
 def bao() -> Iterator[BaoDevServer]:
     """The session's OpenBao: started once, shared by the tests that do not break it."""
     server = BaoDevServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory) -> Iterator[Sshd]:
+    """A real OpenSSH server on loopback: the bridge's SSH backend's "nodes"."""
+    server = Sshd(tmp_path_factory.mktemp("sshd")).start()
     yield server
     server.stop()
 

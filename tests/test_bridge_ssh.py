@@ -12,13 +12,6 @@ from relay_bridge.config import Config, ConfigError
 from tests.sshd import Sshd, alive
 
 
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory) -> Sshd:
-    server = Sshd(tmp_path_factory.mktemp("sshd")).start()
-    yield server
-    server.stop()
-
-
 def run_on(nodes: list[str], **fields) -> dict:
     return {"id": "00000000-0000-0000-0000-000000000001", "type": "run", "scope": {"nodes": nodes}, **fields}
 

@@ -127,13 +127,15 @@ class RelayClient:
     def get_run(self, run_id: str) -> dict[str, Any]:
         return self._call("GET", f"runs/{run_id}")
 
-    def list_runs(self, status: str | None = None, wait: int = 0) -> list[dict[str, Any]]:
+    def list_runs(
+        self, status: str | None = None, wait: int = 0, attempts: int | None = None
+    ) -> list[dict[str, Any]]:
         params: dict[str, Any] = {}
         if status:
             params["status"] = status
         if wait:
             params["wait"] = wait
-        answer = self._call("GET", "runs", timeout=self.timeout + wait, **params)
+        answer = self._call("GET", "runs", timeout=self.timeout + wait, attempts=attempts, **params)
         runs = answer.get("runs")
         if not isinstance(runs, list):
             raise ApiError(0, None, "GET runs: the answer has no list of runs")

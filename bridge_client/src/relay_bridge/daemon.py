@@ -9,6 +9,7 @@ and on SIGTERM stops taking runs and finishes (or stops and completes) what it h
 from __future__ import annotations
 
 import os
+import random
 import signal
 import sys
 import threading
@@ -36,7 +37,7 @@ def poll_once(config: Config, backend: Backend, heartbeat: float) -> int:
     """List pending runs; fork a daemon for each. Returns how many were forked."""
     client = client_for(config, backend)
     try:
-        runs = client.list_runs(status="pending")
+        runs = client.list_runs(status="pending", attempts=3)  # the timer comes again in 30 s
     except ApiError as exc:
         logger.error("could not list runs", extra={"fields": {"error": str(exc)}})
         return -1
@@ -139,13 +140,14 @@ class Server:
                 self.slot_free.wait(1.0)
                 continue
             try:
-                runs = self.client.list_runs(status="pending", wait=self.wait)
+                # One try: this loop owns the backoff, so it can stop at once on SIGTERM.
+                runs = self.client.list_runs(status="pending", wait=self.wait, attempts=1)
                 delay = 1.0
             except ApiError as exc:
                 logger.warning(
                     "could not list runs", extra={"fields": {"error": str(exc), "retry_in": delay}}
                 )
-                self.stopping.wait(delay)
+                self.stopping.wait(random.uniform(delay / 2, delay))  # noqa: S311
                 delay = min(delay * 2, 60.0)
                 continue
             started = 0

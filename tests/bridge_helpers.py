@@ -1,0 +1,81 @@
+"""What the bridge tests share: a connection on a live server, a bridge.yaml for the SSH
+backend against the tests' sshd, the `relay-bridge` command, and waiting for a run."""
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from relay_bridge.api import RelayClient
+
+from runs.models import Run
+from tests.sshd import Sshd
+
+RELAY_BRIDGE = str(Path(sys.executable).parent / "relay-bridge")
+
+
+@dataclass
+class Service:
+    url: str
+    token: str
+    client: RelayClient  # plays the workflow step: creates and cancels runs
+
+
+def bridge_config(
+    directory: Path,
+    service: Service,
+    sshd: Sshd,
+    nodes: dict[str, dict[str, str]],
+    heartbeat: float = 0.5,
+    **options: Any,
+) -> Path:
+    """A bridge.yaml with the module's keys: the SSH backend, its nodes aliases of `sshd`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ssh_config = sshd.write_config(nodes, options.pop("unreachable", ()))
+    options.setdefault("node_puppet_path", str(sshd.fake_puppet()))
+    config: dict[str, Any] = {
+        "relay_api_url": service.url,
+        "relay_connection_token": service.token,
+        "backend": "ssh",
+        "state_dir": str(directory / "state"),
+        "heartbeat_interval": heartbeat,
+    }
+    config.update({f"backend_ssh_{key}": value for key, value in sshd.options(ssh_config, **options).items()})
+    path = directory / "bridge.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def relay_bridge(config: Path, *args: str, log: Path, **popen: Any) -> subprocess.Popen:
+    return subprocess.Popen(
+        [RELAY_BRIDGE, "--config", str(config), *args],
+        stdin=subprocess.DEVNULL,
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        **popen,
+    )
+
+
+def wait_for(what: Callable[[], Any], timeout: float = 30, message: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = what()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting: {message or what}")
+
+
+def completed(run_id: str, timeout: float = 30) -> Run:
+    return wait_for(
+        lambda: Run.objects.filter(pk=run_id, status="complete").first(), timeout, f"run {run_id} to complete"
+    )
+
+
+def log_lines(log: Path, run_id: str | None = None) -> list[str]:
+    lines = log.read_text().splitlines() if log.exists() else []
+    return [line for line in lines if run_id is None or f"run={run_id}" in line]
