@@ -290,3 +290,36 @@ def test_the_systemd_units_name_this_installation_and_pass_systemd_s_checks(tmp_
     )
     assert verify.returncode == 0, verify.stderr
     assert "relay-bridge" not in verify.stderr, verify.stderr
+
+
+def test_a_service_that_fails_every_way_mid_run_loses_nothing(service, sshd, tmp_path):
+    """5xx, garbage and dropped connections (before and after the service acted) on the
+    accept, the heartbeats and the final state: Puppet runs once, and the run completes."""
+    from tests.faulty_proxy import FaultyProxy
+
+    proxy = FaultyProxy(service.url)
+    calls = tmp_path / "calls"
+    nodes = {"a": {"FAKE_PUPPET_SLEEP": "2", "FAKE_PUPPET_EXIT": "2", "FAKE_PUPPET_LOG": str(calls)}}
+    config = bridge_config(tmp_path, Service(proxy.url, service.token, None), sshd, nodes)
+    run_id = new_run(service, ["a"])
+    proxy.fail("GET", r"/runs\?", "503", "garbage")
+    proxy.fail("POST", r"/accept$", "drop-before", "500", "drop-after")
+    proxy.fail("PUT", r"/state$", "500", "garbage", "drop-before", "503")  # the first beats
+    log = tmp_path / "bridge.log"
+    try:
+        assert relay_bridge(config, "poll", "--once", log=log).wait(60) == 0
+        wait_for(lambda: Run.objects.filter(pk=run_id, status="in-progress").exists())
+        wait_for(lambda: calls.exists() and len(calls.read_text().splitlines()) == 2, 30, "Puppet to end")
+        proxy.fail("PUT", r"/state$", "503", "garbage", "drop-after")  # the final state
+        run = completed(run_id)
+    finally:
+        proxy.stop()
+    assert run.outcome == "finished"
+    assert run.run_results["nodes"][0]["exit_code"] == 2
+    assert len(calls.read_text().splitlines()) == 2  # Puppet started once
+    assert not proxy.rules, f"faults not met: {proxy.rules}"
+    text = log.read_text()
+    assert "Traceback" not in text
+    assert "heartbeat not delivered; Puppet goes on" in text
+    assert text.count("service call failed; retrying") >= 8
+    assert service.token not in text
