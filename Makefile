@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Tests use the local PostgreSQL; pytest-django creates and drops test_<name> itself.
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/relay
 
-.PHONY: run test lint format createsuperuser manage clean
+.PHONY: run test lint format createsuperuser manage clean system-packages
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,11 @@ createsuperuser: $(VENV)/.installed
 manage: $(VENV)/.installed
 	$(BIN)/python -m relay.embedded manage $(ARGS)
 
-test: $(VENV)/.installed
+# Debian's puppet-agent, puppetserver and openssh-server: the tests run them for real.
+system-packages:
+	scripts/install-system-packages
+
+test: $(VENV)/.installed system-packages
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(BIN)/pytest

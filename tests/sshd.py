@@ -62,7 +62,8 @@ MaxSessions 200
 LogLevel ERROR
 """
         )
-        Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # privilege separation directory
+        if not Path("/run/sshd").exists() and os.geteuid() == 0:
+            Path("/run/sshd").mkdir(parents=True)  # sshd's privilege separation directory
         self.process = subprocess.Popen(
             [SSHD, "-D", "-e", "-f", str(self.dir / "sshd_config")],
             stdout=subprocess.DEVNULL,
