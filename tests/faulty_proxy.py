@@ -14,7 +14,8 @@ FAULTS = ("500", "503", "garbage", "drop-before", "drop-after")
 class FaultyProxy:
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream.rstrip("/")
-        self.rules: list[tuple[str, re.Pattern[str], str]] = []  # (method, path, fault), used once each
+        # (method, path, body, fault), each used once, first match first
+        self.rules: list[tuple[str, re.Pattern[str], re.Pattern[str], str]] = []
         self.log: list[tuple[str, str, str]] = []  # (method, path, what happened)
         self.lock = threading.Lock()
         proxy = self
@@ -25,7 +26,7 @@ class FaultyProxy:
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
-                fault = proxy._fault_for(self.command, self.path)
+                fault = proxy._fault_for(self.command, self.path, (body or b"").decode("utf-8", "replace"))
                 proxy.log.append((self.command, self.path, fault or "passed"))
                 if fault == "drop-before":
                     return self._drop()
@@ -64,16 +65,17 @@ class FaultyProxy:
         self.url = f"http://127.0.0.1:{self.server.server_port}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def fail(self, method: str, path: str, *faults: str) -> None:
-        """The next requests matching `method` and the `path` regex fail with `faults`, in order."""
+    def fail(self, method: str, path: str, *faults: str, body: str = "") -> None:
+        """The next requests matching `method` and the `path` (and `body`) regexes fail with
+        `faults`, in order."""
         assert all(f in FAULTS for f in faults)
         with self.lock:
-            self.rules += [(method, re.compile(path), fault) for fault in faults]
+            self.rules += [(method, re.compile(path), re.compile(body), fault) for fault in faults]
 
-    def _fault_for(self, method: str, path: str) -> str | None:
+    def _fault_for(self, method: str, path: str, body: str) -> str | None:
         with self.lock:
-            for index, (m, pattern, fault) in enumerate(self.rules):
-                if m == method and pattern.search(path):
+            for index, (m, pattern, body_pattern, fault) in enumerate(self.rules):
+                if m == method and pattern.search(path) and body_pattern.search(body):
                     del self.rules[index]
                     return fault
         return None
