@@ -81,17 +81,41 @@ def test_poll_once_forks_a_daemon_that_works_the_run_and_exits_at_once(service, 
     assert not list((tmp_path / "state" / "runs").iterdir())  # the work directory is cleaned up
 
 
-def test_two_bridges_polling_at_once_work_a_run_once(service, sshd, tmp_path):
+@pytest.mark.parametrize("same_host", [False, True])
+def test_two_bridges_that_both_saw_a_run_work_it_once(service, sshd, tmp_path, same_host):
+    """Both listed the run: on two hosts the service's accept picks one (409 for the
+    other); on one host the run's lock file does, before either asks the service."""
+    import threading
+
+    from relay_bridge.backends.ssh import SshBackend
+    from relay_bridge.worker import RunWorker
+
     calls = tmp_path / "calls"
-    config = bridge_config(tmp_path, service, sshd, {"a": {"FAKE_PUPPET_LOG": str(calls)}})
+    ssh_config = sshd.write_config({"a": {"FAKE_PUPPET_LOG": str(calls), "FAKE_PUPPET_SLEEP": "0.5"}})
+    backend = SshBackend(sshd.options(ssh_config, node_puppet_path=str(sshd.fake_puppet())))
     run_id = new_run(service, ["a"])
-    log = tmp_path / "bridge.log"
-    pollers = [relay_bridge(config, "poll", "--once", log=log) for _ in range(2)]
-    assert [p.wait(10) for p in pollers] == [0, 0]
-    assert completed(run_id).outcome == "finished"
-    wait_for(lambda: sum("another bridge accepted" in line for line in log_lines(log, run_id)) == 1)
-    assert sum("msg=accepted" in line for line in log_lines(log, run_id)) == 1
-    assert len(calls.read_text().splitlines()) == 2
+    run = service.client.get_run(run_id)
+    barrier = threading.Barrier(2)
+    outcomes = []
+
+    def bridge(number: int) -> None:
+        client = RelayClient(service.url, service.token, platform="oss", backend="ssh", attempts=1)
+        state_dir = tmp_path / ("state" if same_host else f"state-{number}")
+        worker = RunWorker(client, backend, run, state_dir, heartbeat=0.2)
+        barrier.wait()
+        outcomes.append(worker.work())
+        client.close()
+
+    threads = [threading.Thread(target=bridge, args=(n,)) for n in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(outcomes, key=str) == [None, "finished"]
+    assert Run.objects.get(pk=run_id).outcome == "finished"
+    assert len(calls.read_text().splitlines()) == 2  # Puppet ran once: start and end
+    accepts = RunTransition.objects.filter(run_id=run_id, to_status="accepted").count()
+    assert accepts == 1
 
 
 def test_a_cancel_stops_puppet_on_the_node_and_completes_the_run_cancelled(service, sshd, tmp_path):

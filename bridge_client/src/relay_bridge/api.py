@@ -14,7 +14,7 @@ from typing import Any
 
 import requests
 
-from relay_bridge import __version__
+from relay_bridge import __version__, metrics
 from relay_bridge.logs import logger
 
 
@@ -96,14 +96,18 @@ class RelayClient:
                     timeout=timeout or self.timeout,
                 )
             except requests.RequestException as exc:
+                metrics.api_error("network")
                 last = f"{type(exc).__name__}: {exc}"
                 if not resend:
                     break
                 continue
             if answer.status_code >= 500:
+                metrics.api_error("5xx")
                 last = f"{answer.status_code} {answer.text[:200]}"
                 continue
             if answer.status_code >= 400:
+                if answer.status_code != 409:  # a lost race is no error
+                    metrics.api_error("4xx")
                 problem = _json(answer)
                 detail = problem.get("detail") if isinstance(problem, dict) else None
                 raise ApiError(
@@ -115,6 +119,7 @@ class RelayClient:
             if isinstance(document, dict):
                 return document
             # A proxy's error page, a truncated answer: not the service speaking. Try again.
+            metrics.api_error("garbage")
             last = f"{answer.status_code} with a body that is not a JSON object: {answer.text[:200]!r}"
         raise ApiError(0, None, f"{method} {path}: gave up after {attempts} tries ({last})")
 

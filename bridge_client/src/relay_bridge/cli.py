@@ -2,6 +2,7 @@
 
   relay-bridge poll --once     list pending runs, fork a daemon per run, exit (systemd timer)
   relay-bridge serve           long-running, long-polls the service (systemd service)
+  relay-bridge status          the runs this host holds, and their state
   relay-bridge systemd-units DIR   write the systemd units for this installation
 
 Exit status 2 for invalid configuration, naming the key."""
@@ -9,6 +10,7 @@ Exit status 2 for invalid configuration, naming the key."""
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 from importlib import resources
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from relay_bridge import __version__, backends, config, logs
 from relay_bridge.daemon import Server, install_signal_handlers, poll_once
+from relay_bridge.state import RunRecord
 
 UNITS = ("relay-bridge.service", "relay-bridge-poll.service", "relay-bridge-poll.timer")
 
@@ -44,6 +47,11 @@ def parser() -> argparse.ArgumentParser:
         default=60.0,
         help="on SIGTERM, seconds to let Puppet finish before stopping it (default 60)",
     )
+
+    serve.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT/metrics")
+
+    status = commands.add_parser("status", help="print the runs this host holds and their state")
+    status.add_argument("--json", action="store_true", help="one JSON document per run")
 
     units = commands.add_parser("systemd-units", help="write this installation's systemd units to DIR")
     units.add_argument("directory", type=Path)
@@ -87,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides["relay_connection_token"] = None
     try:
         settings = config.load(args.config, overrides=overrides)
+        if args.command == "status":
+            return print_status(settings.state_dir, args.json)
         backend = backends.make(settings)
         if args.command == "serve" and not 1 <= args.max_concurrent <= 1000:
             raise config.ConfigError("--max-concurrent", "must be from 1 to 1000")
@@ -103,10 +113,54 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "poll":
         return 0 if poll_once(settings, backend, settings.heartbeat_interval) >= 0 else 1
     server = Server(
-        settings, backend, settings.heartbeat_interval, args.max_concurrent, args.wait, args.stop_timeout
+        settings,
+        backend,
+        settings.heartbeat_interval,
+        args.max_concurrent,
+        args.wait,
+        args.stop_timeout,
+        args.metrics_port,
     )
     install_signal_handlers(server)
     return server.serve()
+
+
+def print_status(state_dir: Path, as_json: bool) -> int:
+    """What this host holds: each run's backend, job, last state sent, and whether a live
+    bridge process works it (if not, the next bridge start resumes it)."""
+    rows = []
+    for record in RunRecord.all(state_dir):
+        document = record.load()
+        final = document.get("final") or {}
+        state = (
+            f"final state spooled ({final.get('outcome')})"
+            if final
+            else document.get("last_state", "accepted")
+        )
+        rows.append(
+            {
+                "run": record.run_id,
+                "backend": document.get("backend", ""),
+                "job": document.get("handle"),
+                "state": state,
+                "worked": record.holder_alive(),
+            }
+        )
+    if as_json:
+        for row in rows:
+            print(json.dumps(row))
+        return 0
+    if not rows:
+        print(f"no runs held (state_dir {state_dir})")
+        return 0
+    for row in rows:
+        who = (
+            "worked by a live bridge process"
+            if row["worked"]
+            else "orphaned: the next bridge start resumes it"
+        )
+        print(f"{row['run']}  {row['backend']:<12}  {row['state']:<28}  {who}")
+    return 0
 
 
 def main_exit() -> None:

@@ -16,10 +16,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from relay_bridge import metrics
 from relay_bridge.api import ApiError, RelayClient
 from relay_bridge.backends import Backend
 from relay_bridge.config import Config
 from relay_bridge.logs import logger
+from relay_bridge.state import RunRecord
 from relay_bridge.worker import RunWorker
 
 
@@ -34,7 +36,19 @@ def client_for(config: Config, backend: Backend) -> RelayClient:
 
 
 def poll_once(config: Config, backend: Backend, heartbeat: float) -> int:
-    """List pending runs; fork a daemon for each. Returns how many were forked."""
+    """Fork a daemon for each run this host held when a bridge died (its lock is free), and
+    for each pending run. Returns how many were forked, or -1 when the service could not be
+    reached (the held runs were still resumed)."""
+    forked = 0
+    for record in RunRecord.all(config.state_dir):
+        if record.holder_alive():
+            continue  # a daemon of an earlier poll is working it
+        run = record.load().get("run")
+        if not isinstance(run, dict):
+            logger.error("unreadable run record; removing it", extra={"run_id": record.run_id})
+            record.remove()
+            continue
+        forked += _fork_worker(config, backend, run, heartbeat, resume=True)
     client = client_for(config, backend)
     try:
         runs = client.list_runs(status="pending", attempts=3)  # the timer comes again in 30 s
@@ -43,25 +57,33 @@ def poll_once(config: Config, backend: Backend, heartbeat: float) -> int:
         return -1
     finally:
         client.close()  # never share a connection with the forked children
-    forked = 0
     for run in runs:
-        if _daemonize():
-            forked += 1
-            continue
-        # In the daemonized grandchild: work the run, then leave without running the parent's
-        # cleanup (atexit handlers, buffered output belong to the parent).
-        code = 0
-        try:
-            worker_client = client_for(config, backend)
-            RunWorker(worker_client, backend, run, config.state_dir, heartbeat).work()
-        except BaseException:
-            logger.exception("the run's worker crashed", extra={"run_id": run.get("id")})
-            code = 1
-        finally:
-            sys.stderr.flush()
-            os._exit(code)
+        forked += _fork_worker(config, backend, run, heartbeat, resume=False)
     logger.info("poll done", extra={"fields": {"pending": len(runs), "forked": forked}})
     return forked
+
+
+def _fork_worker(
+    config: Config, backend: Backend, run: dict[str, Any], heartbeat: float, resume: bool
+) -> int:
+    """1 in the caller; never returns in the daemon, which works the run and exits."""
+    if _daemonize():
+        return 1
+    # In the daemonized grandchild: work the run, then leave without running the parent's
+    # cleanup (atexit handlers, buffered output belong to the parent).
+    code = 0
+    try:
+        worker = RunWorker(client_for(config, backend), backend, run, config.state_dir, heartbeat)
+        if resume:
+            worker.resume()
+        else:
+            worker.work()
+    except BaseException:
+        logger.exception("the run's worker crashed", extra={"run_id": run.get("id")})
+        code = 1
+    finally:
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def _daemonize() -> bool:
@@ -94,8 +116,10 @@ class Server:
         max_concurrent: int = 10,
         wait: int = 30,
         stop_timeout: float = 60.0,
+        metrics_port: int | None = None,
     ) -> None:
         self.config, self.backend = config, backend
+        self.metrics_port = metrics_port
         self.heartbeat, self.max_concurrent, self.wait = heartbeat, max_concurrent, wait
         self.stop_timeout = stop_timeout
         self.stopping = threading.Event()
@@ -112,6 +136,8 @@ class Server:
             "serving",
             extra={"fields": {"backend": self.backend.name, "max_concurrent": self.max_concurrent}},
         )
+        if self.metrics_port:
+            metrics_server = metrics.serve(self.metrics_port)
         poller = threading.Thread(target=self._poll, name="poller", daemon=True)
         poller.start()
         if on_ready:
@@ -126,6 +152,8 @@ class Server:
         if left:
             logger.error("stopped with runs still held", extra={"fields": {"held": left}})
         self.client.close()
+        if self.metrics_port:
+            metrics_server.shutdown()
         return 0 if not left else 1
 
     def _held(self) -> int:
@@ -135,6 +163,7 @@ class Server:
         delay = 1.0
         while not self.stopping.is_set():
             self.workers = {rid: t for rid, t in self.workers.items() if t.is_alive()}
+            self._resume_held()
             if len(self.workers) >= self.max_concurrent:
                 self.slot_free.clear()
                 self.slot_free.wait(1.0)
@@ -167,10 +196,28 @@ class Server:
                 # once while they are listed, so do not spin on it.
                 self.stopping.wait(0.5)
 
-    def _work(self, run: dict[str, Any]) -> None:
+    def _resume_held(self) -> None:
+        """Runs this host held when a bridge died: their lock is free. Worked like new ones."""
+        for record in RunRecord.all(self.config.state_dir):
+            if len(self.workers) >= self.max_concurrent:
+                return
+            if record.run_id in self.workers or record.holder_alive():
+                continue
+            run = record.load().get("run")
+            if not isinstance(run, dict):
+                logger.error("unreadable run record; removing it", extra={"run_id": record.run_id})
+                record.remove()
+                continue
+            thread = threading.Thread(
+                target=self._work, args=(run, True), name=f"run-{record.run_id}", daemon=True
+            )
+            self.workers[record.run_id] = thread
+            thread.start()
+
+    def _work(self, run: dict[str, Any], resume: bool = False) -> None:
         client = client_for(self.config, self.backend)
         try:
-            RunWorker(
+            worker = RunWorker(
                 client,
                 self.backend,
                 run,
@@ -178,7 +225,11 @@ class Server:
                 self.heartbeat,
                 shutdown=self.stopping,
                 stop_timeout=self.stop_timeout,
-            ).work()
+            )
+            if resume:
+                worker.resume()
+            else:
+                worker.work()
         except Exception:
             logger.exception("the run's worker crashed", extra={"run_id": run.get("id")})
         finally:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from relay_bridge.config import Config, ConfigError
+from relay_bridge.config import Config
 
 # What `puppet agent -t` exit codes mean (integration contract §6; -t implies
 # --detailed-exitcodes). 0 and 2 are a good run.
@@ -24,7 +24,15 @@ GOOD_EXITS = (0, 2)
 
 class RunError(Exception):
     """The run cannot be done at all (e.g. a scope the backend cannot reach): it completes
-    with outcome `error` and this message."""
+    with outcome `error`, and run_results `{"result": {"msg": ..., **details}}`."""
+
+    def __init__(self, msg: str, **details: Any) -> None:
+        super().__init__(msg)
+        self.details = details
+
+    @property
+    def results(self) -> dict[str, Any]:
+        return {"result": {"msg": str(self), **self.details}}
 
 
 @dataclass
@@ -71,6 +79,9 @@ class Job(Protocol):
     def result(self) -> tuple[str, Any]:
         """(outcome, run_results), once `wait` returned True."""
 
+    def handle(self) -> dict[str, Any]:
+        """What finds this job again after the bridge restarts (kept in its RunRecord)."""
+
 
 class Backend(Protocol):
     name: str
@@ -78,6 +89,9 @@ class Backend(Protocol):
 
     def start(self, run: dict[str, Any], workdir: Path) -> Job:
         """Start Puppet for the run; raises RunError when it cannot."""
+
+    def attach(self, handle: dict[str, Any], workdir: Path) -> Job:
+        """The job `handle` names, after a restart; RunError when it cannot be found."""
 
 
 def puppet_flags(run: dict[str, Any]) -> list[str]:
@@ -108,17 +122,38 @@ def nodes_of(run: dict[str, Any], backend: str) -> list[str]:
     return list(dict.fromkeys(nodes))  # once each, in the order given
 
 
-def choose(config: Config, which: Any = shutil.which) -> str:
-    """The RFC's rule: `backend` from configuration, else Bolt when `bolt` is in PATH, else SSH."""
+PE_MARKER = Path("/opt/puppetlabs/server/pe_version")  # what a PE primary has and open source lacks
+
+
+def is_pe(marker: Path = PE_MARKER) -> bool:
+    return marker.exists()
+
+
+def choose(config: Config, which: Any = shutil.which, pe: bool | None = None) -> str:
+    """The RFC's rule: `backend` from configuration; else the orchestrator on a PE primary;
+    else Bolt when `bolt` is in PATH; else SSH."""
     if config.backend:
         return config.backend
+    if is_pe() if pe is None else pe:
+        return "orchestrator"
     return "bolt" if which("bolt") else "ssh"
 
 
-def make(config: Config, which: Any = shutil.which) -> Backend:
-    name = choose(config, which)
+def make(config: Config, which: Any = shutil.which, pe: bool | None = None) -> Backend:
+    pe = is_pe() if pe is None else pe
+    name = choose(config, which, pe)
     if name == "ssh":
         from relay_bridge.backends.ssh import SshBackend
 
-        return SshBackend(config.options("ssh"))
-    raise ConfigError("backend", f"the {name} backend is not available in this version")
+        backend: Backend = SshBackend(config.options("ssh"))
+    elif name == "bolt":
+        from relay_bridge.backends.bolt import BoltBackend
+
+        backend = BoltBackend(config.options("bolt"))
+    else:
+        from relay_bridge.backends.orchestrator import OrchestratorBackend
+
+        backend = OrchestratorBackend(config.options("orchestrator"))
+    # The platform is what this host runs, whatever the backend (PE can be driven over SSH).
+    backend.platform = "pe" if pe or name == "orchestrator" else "oss"
+    return backend

@@ -7,8 +7,11 @@ the local ssh client. Output goes to a file per node under the run's work direct
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import shlex
+import signal
 import subprocess
 import threading
 import time
@@ -24,7 +27,7 @@ from relay_bridge.backends import (
     outcome_of,
     puppet_flags,
 )
-from relay_bridge.config import ConfigError
+from relay_bridge.backends.options import Options
 
 OPTIONS = {
     "openssh_client_path": "ssh",
@@ -48,58 +51,24 @@ NODE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:@\[\]-]*$")
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
-def _option(options: dict[str, Any], name: str, kind: type, minimum: int | None = None) -> Any:
-    value = options.get(name, OPTIONS[name])
-    if value is None:
-        return None
-    key = f"backend_ssh_{name}"
-    if kind is bool:
-        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
-            return value.lower() in ("true", "yes", "1")
-        if not isinstance(value, bool):
-            raise ConfigError(key, "must be true or false")
-        return value
-    if kind is int:
-        try:
-            value = int(value)
-        except (TypeError, ValueError):
-            raise ConfigError(key, "must be a whole number") from None
-        if minimum is not None and value < minimum:
-            raise ConfigError(key, f"must be {minimum} or more")
-        return value
-    if kind is list:
-        if isinstance(value, str):
-            value = [v for v in value.split(",") if v.strip()]
-        if not isinstance(value, list) or not all(isinstance(v, str) and "=" in v for v in value):
-            raise ConfigError(key, "must be a list of Key=value ssh options")
-        return [v.strip() for v in value]
-    if not isinstance(value, (str, int)) or not str(value):
-        raise ConfigError(key, "must be a string")
-    return str(value)
-
-
 class SshBackend:
     name = "ssh"
     platform = "oss"
 
     def __init__(self, options: dict[str, Any]) -> None:
-        unknown = sorted(set(options) - set(OPTIONS))
-        if unknown:
-            raise ConfigError(
-                f"backend_ssh_{unknown[0]}", f"is not an option of the ssh backend ({', '.join(OPTIONS)})"
-            )
-        self.client = _option(options, "openssh_client_path", str)
-        self.user = _option(options, "user", str)
-        self.identity_file = _option(options, "identity_file", str)
-        self.port = _option(options, "port", int, 1)
-        self.parallelism = _option(options, "parallelism", int, 1)
-        self.puppet = _option(options, "node_puppet_path", str)
-        self.connect_timeout = _option(options, "connect_timeout", int, 1)
-        self.known_hosts_file = _option(options, "known_hosts_file", str)
-        self.strict = _option(options, "strict_host_key_checking", str)
-        self.config_file = _option(options, "ssh_config_file", str)
-        self.extra = _option(options, "ssh_options", list)
-        self.sudo = _option(options, "sudo", bool)
+        o = Options("ssh", OPTIONS, options)
+        self.client = o.string("openssh_client_path")
+        self.user = o.string("user")
+        self.identity_file = o.string("identity_file")
+        self.port = o.integer("port", 1)
+        self.parallelism = o.integer("parallelism", 1) or 5
+        self.puppet = o.string("node_puppet_path")
+        self.connect_timeout = o.integer("connect_timeout", 1) or 10
+        self.known_hosts_file = o.string("known_hosts_file")
+        self.strict = o.string("strict_host_key_checking")
+        self.config_file = o.string("ssh_config_file")
+        self.extra = o.key_values("ssh_options")
+        self.sudo = o.boolean("sudo")
 
     def ssh_argv(self, node: str, command: str) -> list[str]:
         argv = [self.client, "-T", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={self.connect_timeout}"]
@@ -125,27 +94,61 @@ class SshBackend:
 
     def start(self, run: dict[str, Any], workdir: Path) -> SshJob:
         nodes = nodes_of(run, "ssh")
-        if self.parallelism < 1:
-            raise RunError("parallelism must be 1 or more")
         workdir.mkdir(parents=True, exist_ok=True)
         return SshJob(self, nodes, self.puppet_command(run), workdir)
+
+    def attach(self, handle: dict[str, Any], workdir: Path) -> SshJob:
+        """The nodes of a run this bridge held before it restarted: finished ones from their
+        exit code files, running ones watched until their ssh ends, the rest started now."""
+        if handle.get("kind") != "ssh" or not isinstance(handle.get("nodes"), list):
+            raise RunError("The bridge's record of this run's SSH work is unreadable.")
+        return SshJob(self, handle["nodes"], str(handle["command"]), workdir, resume=True)
+
+
+# Each node's ssh runs under a small shell that records its pid and, when ssh ends, ssh's
+# exit code, in files: a bridge that restarts finds both, even for nodes that ended while
+# it was down. $0 is the node's file prefix.
+NODE_SCRIPT = (
+    'echo $$ > "$0.pid.tmp" && mv "$0.pid.tmp" "$0.pid"; "$@"; '
+    'echo $? > "$0.rc.tmp" && mv "$0.rc.tmp" "$0.rc"'
+)
 
 
 class SshJob:
     job_id = ""  # plain SSH has no job handle for the service to show
 
-    def __init__(self, backend: SshBackend, nodes: list[str], command: str, workdir: Path) -> None:
+    def __init__(
+        self, backend: SshBackend, nodes: list[str], command: str, workdir: Path, resume: bool = False
+    ) -> None:
         self.backend, self.command, self.workdir = backend, command, workdir
         self.nodes = nodes
         self.results: dict[str, NodeResult] = {}
-        self._todo = list(enumerate(nodes))
-        self._running: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
+        self._running: dict[str, int] = {}  # node -> pid of its shell (its process group)
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._stopping = False
-        self._workers = min(backend.parallelism, len(nodes))
-        for number in range(self._workers):
-            threading.Thread(target=self._work, name=f"ssh-{number}", daemon=True).start()
+        self._todo: list[tuple[int, str, bool]] = []  # (number, node, watch an ssh already running)
+        for number, node in enumerate(nodes):
+            prefix = self._prefix(number)
+            if resume and Path(f"{prefix}.rc").exists():
+                self.results[node] = self._judge(number, node, 0.0)
+            elif resume and _alive(_read_pid(prefix), str(prefix)):
+                self._todo.insert(0, (number, node, True))  # they hold lanes first
+            elif resume and Path(f"{prefix}.pid").exists():
+                lost = "its ssh ended while the bridge was down, leaving no exit code"
+                self.results[node] = NodeResult(
+                    node, "failed", meaning=lost, output=_tail(Path(f"{prefix}.log"))
+                )
+            else:
+                self._todo.append((number, node, False))
+        self._workers = min(backend.parallelism, len(self._todo))
+        if not self._workers:
+            self._done.set()
+        for lane in range(self._workers):
+            threading.Thread(target=self._work, name=f"ssh-{lane}", daemon=True).start()
+
+    def handle(self) -> dict[str, Any]:
+        return {"kind": "ssh", "nodes": self.nodes, "command": self.command}
 
     def wait(self, timeout: float) -> bool:
         return self._done.wait(timeout)
@@ -153,14 +156,14 @@ class SshJob:
     def stop(self) -> None:
         with self._lock:
             self._stopping = True
-            for _, node in self._todo:
+            for _, node, _ in self._todo:
                 self.results[node] = NodeResult(node, "skipped", meaning="not started: the run was stopped")
             self._todo.clear()
             running = list(self._running.items())
-        for node, (proc, output) in running:
-            pid = _remote_pid(output)
-            if pid:
-                kill = f"kill -TERM {pid}" if not self.backend.sudo else f"sudo -n kill -TERM {pid}"
+        for node, pid in running:
+            remote = _remote_pid(Path(f"{self._prefix(self.nodes.index(node))}.log"))
+            if remote:
+                kill = f"kill -TERM {remote}" if not self.backend.sudo else f"sudo -n kill -TERM {remote}"
                 try:
                     subprocess.run(
                         self.backend.ssh_argv(node, kill),
@@ -172,11 +175,16 @@ class SshJob:
                     )
                 except subprocess.TimeoutExpired:
                     pass
-            proc.terminate()
+            if pid > 0:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGTERM)  # the node's shell and its ssh
 
     def result(self) -> tuple[str, Any]:
         nodes = [self.results[n] for n in self.nodes]
         return outcome_of(nodes), {"nodes": [n.as_json() for n in nodes]}
+
+    def _prefix(self, number: int) -> Path:
+        return self.workdir / f"{number:05d}"
 
     def _work(self) -> None:
         try:
@@ -184,8 +192,11 @@ class SshJob:
                 with self._lock:
                     if self._stopping or not self._todo:
                         return
-                    number, node = self._todo.pop(0)
-                self.results[node] = self._run_node(number, node)
+                    number, node, running = self._todo.pop(0)
+                if running:
+                    self.results[node] = self._watch(number, node)
+                else:
+                    self.results[node] = self._run_node(number, node)
         finally:
             with self._lock:
                 self._workers -= 1
@@ -195,34 +206,75 @@ class SshJob:
     def _run_node(self, number: int, node: str) -> NodeResult:
         if not NODE_RE.match(node):
             return NodeResult(node, "failed", meaning="not a valid host name")
-        output = self.workdir / f"{number:05d}.log"
+        prefix = self._prefix(number)
         started = time.monotonic()
         try:
-            with output.open("wb") as sink:
+            with Path(f"{prefix}.log").open("wb") as sink:
                 proc = subprocess.Popen(
-                    self.backend.ssh_argv(node, self.command),
+                    ["sh", "-c", NODE_SCRIPT, str(prefix), *self.backend.ssh_argv(node, self.command)],
                     stdin=subprocess.DEVNULL,
                     stdout=sink,
                     stderr=subprocess.STDOUT,
-                    start_new_session=True,  # a Ctrl-C or SIGTERM for the bridge is not one for ssh
+                    # Its own session: a signal for the bridge is not one for ssh, and the
+                    # node's work outlives a bridge that is killed.
+                    start_new_session=True,
                 )
         except OSError as exc:
             return NodeResult(node, "failed", meaning=f"could not start the SSH client: {exc.strerror}")
         with self._lock:
-            self._running[node] = (proc, output)
+            self._running[node] = proc.pid
             if self._stopping:  # stopped between taking the node and starting ssh
-                proc.terminate()
-        code = proc.wait()
+                os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait()
         with self._lock:
             del self._running[node]
-        duration = time.monotonic() - started
-        tail = _tail(output)
-        if code < 0 or (self._stopping and code not in GOOD_EXITS):
+        return self._judge(number, node, time.monotonic() - started)
+
+    def _watch(self, number: int, node: str) -> NodeResult:
+        """A node whose ssh was started by the bridge before it restarted."""
+        prefix = self._prefix(number)
+        pid = _read_pid(prefix)
+        started = time.monotonic()
+        with self._lock:
+            self._running[node] = pid or 0
+        while _alive(pid, str(prefix)):
+            time.sleep(0.2)
+        with self._lock:
+            del self._running[node]
+        return self._judge(number, node, time.monotonic() - started)
+
+    def _judge(self, number: int, node: str, duration: float) -> NodeResult:
+        prefix = self._prefix(number)
+        tail = _tail(Path(f"{prefix}.log"))
+        try:
+            code = int(Path(f"{prefix}.rc").read_text().strip())
+        except (OSError, ValueError):
+            code = None
+        if code is None or (self._stopping and code not in GOOD_EXITS):
             return NodeResult(node, "failed", None, "stopped before Puppet finished", duration, tail)
         if code == UNREACHABLE:
             return NodeResult(node, "failed", code, "could not connect or log in over SSH", duration, tail)
         state = "finished" if code in GOOD_EXITS else "failed"
         return NodeResult(node, state, code, meaning_of(code), duration, tail)
+
+
+def _read_pid(prefix: Path) -> int | None:
+    try:
+        return int(Path(f"{prefix}.pid").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int | None, marker: str) -> bool:
+    """Whether `pid` is still the node's shell (not a pid reused by something else)."""
+    if not pid:
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        status = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return marker.encode() in cmdline and ") Z " not in status
 
 
 def _remote_pid(output: Path) -> int | None:

@@ -1,0 +1,209 @@
+"""The Bolt backend: one `bolt command run '<puppet> agent -t …' --targets a,b --format json`
+per run. Each target is judged by its own exit code (integration contract §5-6): Bolt calls
+exit code 2 a failure, while for Puppet it means "changes applied". A target Bolt could not
+reach is a failed node with Bolt's message."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from relay_bridge.backends import (
+    GOOD_EXITS,
+    NodeResult,
+    RunError,
+    meaning_of,
+    nodes_of,
+    outcome_of,
+    puppet_flags,
+)
+from relay_bridge.backends.options import Options
+
+OPTIONS = {
+    "bolt_path": "bolt",
+    "node_puppet_path": "puppet",
+    "transport": None,  # ssh, winrm, …: Bolt's own default when unset
+    "user": None,
+    "password_file": None,  # the password goes to Bolt in a 0600 inventory file, never on its command line
+    "private_key": None,
+    "host_key_check": None,  # true/false; Bolt's default (true) when unset
+    "run_as": None,
+    "concurrency": None,
+    "connect_timeout": None,
+}
+TAIL_CHARS = 4000
+
+
+class BoltBackend:
+    name = "bolt"
+    platform = "oss"
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        o = Options("bolt", OPTIONS, options)
+        self.bolt = o.string("bolt_path")
+        self.puppet = o.string("node_puppet_path")
+        self.transport = o.string("transport")
+        self.user = o.string("user")
+        self.password_file = o.string("password_file")
+        self.private_key = o.string("private_key")
+        self.host_key_check = o.boolean("host_key_check")
+        self.run_as = o.string("run_as")
+        self.concurrency = o.integer("concurrency", 1)
+        self.connect_timeout = o.integer("connect_timeout", 1)
+
+    def command(self, run: dict[str, Any]) -> str:
+        return shlex.join([self.puppet, "agent", "-t", *puppet_flags(run)])
+
+    def inventory(self) -> dict[str, Any]:
+        """Bolt's transport configuration for every target (they join the `all` group)."""
+        transport = self.transport or "ssh"
+        settings: dict[str, Any] = {}
+        if self.user:
+            settings["user"] = self.user
+        if self.password_file:
+            try:
+                settings["password"] = Path(self.password_file).read_text().strip()
+            except OSError as exc:
+                raise RunError(f"backend_bolt_password_file cannot be read: {exc.strerror}") from None
+        if self.private_key:
+            settings["private-key"] = self.private_key
+        if self.host_key_check is not None:
+            settings["host-key-check"] = self.host_key_check
+        if self.run_as:
+            settings["run-as"] = self.run_as
+        if self.connect_timeout:
+            settings["connect-timeout"] = self.connect_timeout
+        config: dict[str, Any] = {transport: settings} if settings else {}
+        if self.transport:
+            config["transport"] = self.transport
+        return {"version": 2, "config": config} if config else {"version": 2}
+
+    def argv(self, nodes: list[str], command: str, inventory: Path) -> list[str]:
+        argv = [self.bolt, "command", "run", command, "--targets", ",".join(nodes)]
+        argv += ["--format", "json", "--no-tty", "--no-save-rerun", "--inventoryfile", str(inventory)]
+        if self.concurrency:
+            argv += ["--concurrency", str(self.concurrency)]
+        return argv
+
+    def start(self, run: dict[str, Any], workdir: Path) -> BoltJob:
+        nodes = nodes_of(run, "bolt")
+        if any(n.startswith("-") or "," in n for n in nodes):
+            raise RunError("A node name starts with '-' or holds a comma: not a target Bolt can take.")
+        workdir.mkdir(parents=True, exist_ok=True)
+        inventory = workdir / "inventory.yaml"
+        inventory.touch(mode=0o600)
+        inventory.write_text(json.dumps(self.inventory()))  # JSON is YAML
+        return BoltJob(self.argv(nodes, self.command(run), inventory), nodes, workdir)
+
+    def attach(self, handle: dict[str, Any], workdir: Path) -> BoltJob:
+        """The Bolt of a run this bridge held before it restarted: watched if it still runs,
+        its results read if it ended meanwhile."""
+        if handle.get("kind") != "bolt" or not isinstance(handle.get("nodes"), list):
+            raise RunError("The bridge's record of this run's Bolt work is unreadable.")
+        if not _bolt_alive(handle.get("pid")) and _items(workdir / "bolt.json") is None:
+            raise RunError("Bolt ended while the bridge was down and left no results.")
+        return BoltJob(None, handle["nodes"], workdir, pid=handle.get("pid"))
+
+
+class BoltJob:
+    job_id = ""
+
+    def __init__(
+        self, argv: list[str] | None, nodes: list[str], workdir: Path, pid: int | None = None
+    ) -> None:
+        """Start Bolt with `argv`, or (after a bridge restart) watch the Bolt running as `pid`."""
+        self.nodes = nodes
+        self.output = workdir / "bolt.json"
+        self.errors = workdir / "bolt.err"
+        self.started = time.monotonic()
+        self.stopped = False
+        self.proc: subprocess.Popen[bytes] | None = None
+        if argv is not None:
+            try:
+                with self.output.open("wb") as out, self.errors.open("wb") as err:
+                    self.proc = subprocess.Popen(
+                        argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True
+                    )
+            except OSError as exc:
+                raise RunError(f"Bolt could not be started ({argv[0]}): {exc.strerror}") from None
+            pid = self.proc.pid
+        self.pid = pid
+        self._done = threading.Event()
+        threading.Thread(target=self._reap, daemon=True).start()
+
+    def handle(self) -> dict[str, Any]:
+        return {"kind": "bolt", "pid": self.pid, "nodes": self.nodes}
+
+    def _reap(self) -> None:
+        if self.proc is not None:
+            self.proc.wait()
+        else:
+            while _bolt_alive(self.pid):
+                time.sleep(0.2)
+        self._done.set()
+
+    def wait(self, timeout: float) -> bool:
+        return self._done.wait(timeout)
+
+    def stop(self) -> None:
+        self.stopped = True
+        if self.pid and not self._done.is_set():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGTERM)  # Bolt closes its connections; Puppet sees them go
+
+    def result(self) -> tuple[str, Any]:
+        items = _items(self.output)
+        if items is None:
+            error = self.errors.read_text(errors="replace")[-TAIL_CHARS:] if self.errors.exists() else ""
+            code = self.proc.returncode if self.proc is not None else "while the bridge was down"
+            why = "it was stopped" if self.stopped else f"it exited {code}"
+            msg = f"Bolt gave no results ({why}): {error.strip() or 'no output'}"
+            return "error", {"result": {"msg": msg}}
+        by_target = {item.get("target"): item for item in items if isinstance(item, dict)}
+        duration = time.monotonic() - self.started
+        nodes = [_node(name, by_target.get(name), duration) for name in self.nodes]
+        return outcome_of(nodes), {"nodes": [n.as_json() for n in nodes]}
+
+
+def _bolt_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        status = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return b"bolt" in cmdline and ") Z " not in status
+
+
+def _items(output: Path) -> list[Any] | None:
+    try:
+        document = json.loads(output.read_text(errors="replace"))
+    except (OSError, ValueError):
+        return None
+    items = document.get("items") if isinstance(document, dict) else None
+    return items if isinstance(items, list) else None
+
+
+def _node(name: str, item: dict[str, Any] | None, duration: float) -> NodeResult:
+    if item is None:
+        return NodeResult(name, "failed", meaning="Bolt reported nothing for this target", duration=duration)
+    value = item.get("value") if isinstance(item.get("value"), dict) else {}
+    output = str(value.get("merged_output") or value.get("stdout") or "")[-TAIL_CHARS:]
+    code = value.get("exit_code")
+    if isinstance(code, int):
+        # Bolt's own `status` says failure for 2; Puppet's code says what happened.
+        state = "finished" if code in GOOD_EXITS else "failed"
+        return NodeResult(name, state, code, meaning_of(code), duration, output)
+    error = value.get("_error") if isinstance(value.get("_error"), dict) else {}
+    message = str(error.get("msg") or "Bolt could not run the command on this target")
+    details = {"kind": error["kind"]} if error.get("kind") else {}
+    return NodeResult(name, "failed", None, message, duration, output, details)
