@@ -80,7 +80,8 @@ class OrchestratorBackend:
         self.attempts, self.backoff = attempts, backoff
         self.session = requests.Session()
         self.session.headers.update({"X-Authentication": token, "Content-Type": "application/json"})
-        self.session.verify = self.cacert or True
+        # Passed on every request: a session's own `verify` loses to REQUESTS_CA_BUNDLE.
+        self.verify: str | bool = self.cacert or True
 
     def __repr__(self) -> str:
         return f"OrchestratorBackend({self.api_url!r})"  # never the RBAC token
@@ -98,7 +99,12 @@ class OrchestratorBackend:
                 time.sleep(random.uniform(delay / 2, delay))  # noqa: S311
             try:
                 answer = self.session.request(
-                    method, f"{self.api_url}/{path}", json=body, params=params or None, timeout=self.timeout
+                    method,
+                    f"{self.api_url}/{path}",
+                    json=body,
+                    params=params or None,
+                    timeout=self.timeout,
+                    verify=self.verify,
                 )
             except requests.ConnectionError as exc:  # never reached it: safe to send again
                 last = f"cannot reach the orchestrator: {exc}"
