@@ -50,6 +50,24 @@ def bridge_config(
     return path
 
 
+def config_file(
+    directory: Path, service: Service, backend: str, options: dict[str, Any], heartbeat: float = 0.5
+) -> Path:
+    """A bridge.yaml for any backend."""
+    directory.mkdir(parents=True, exist_ok=True)
+    config: dict[str, Any] = {
+        "relay_api_url": service.url,
+        "relay_connection_token": service.token,
+        "backend": backend,
+        "state_dir": str(directory / "state"),
+        "heartbeat_interval": heartbeat,
+        **{f"backend_{backend}_{key}": value for key, value in options.items()},
+    }
+    path = directory / "bridge.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
 def relay_bridge(config: Path, *args: str, log: Path, **popen: Any) -> subprocess.Popen:
     return subprocess.Popen(
         [RELAY_BRIDGE, "--config", str(config), *args],

@@ -1,0 +1,227 @@
+"""Crash recovery: `relay-bridge serve` SIGKILLed mid-run, for each backend, then started
+again. It finds the runs it held in its state_dir, re-attaches to Puppet's work if that is
+still there (SSH and Bolt children, the PE job) and finishes the run, or completes it
+`error` saying why when the work is gone. Puppet is never started twice."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+from relay_bridge.api import RelayClient
+
+from puppet_connection.models import PuppetConnection
+from runs.models import Run
+from tests.bridge_helpers import (
+    RELAY_BRIDGE,
+    Service,
+    bridge_config,
+    completed,
+    config_file,
+    log_lines,
+    relay_bridge,
+    wait_for,
+)
+from tests.sshd import FAKE_PUPPET, alive
+from tests.standins.orchestrator import Orchestrator
+
+pytestmark = pytest.mark.django_db(transaction=True)
+BOLT = str(Path(__file__).parent / "standins" / "bolt")
+
+
+@pytest.fixture
+def service(live_server):
+    _, token = PuppetConnection.create_with_token(owner=User.objects.create_user("ops"), name="dc")
+    client = RelayClient(live_server.url, str(token), attempts=1)
+    yield Service(live_server.url, str(token), client)
+    client.close()
+
+
+def serve(config: Path, log: Path) -> subprocess.Popen:
+    server = relay_bridge(config, "serve", "--wait", "2", log=log)
+    wait_for(lambda: "msg=serving" in "".join(log_lines(log)), 20, "the bridge to serve")
+    return server
+
+
+def in_progress(run_id: str) -> Run:
+    return wait_for(lambda: Run.objects.filter(pk=run_id, status="in-progress").first(), 30, "in progress")
+
+
+def kill(server: subprocess.Popen) -> None:
+    server.send_signal(signal.SIGKILL)
+    server.wait(10)
+
+
+def stop(server: subprocess.Popen) -> None:
+    server.send_signal(signal.SIGTERM)
+    assert server.wait(30) == 0
+
+
+def status(config: Path) -> list[dict]:
+    done = subprocess.run(
+        [RELAY_BRIDGE, "--config", str(config), "status", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def test_ssh_a_killed_bridge_re_attaches_to_the_running_node_and_finishes(service, sshd, tmp_path):
+    calls = tmp_path / "calls"
+    node = {"FAKE_PUPPET_SLEEP": "3", "FAKE_PUPPET_EXIT": "2", "FAKE_PUPPET_LOG": str(calls)}
+    config = bridge_config(
+        tmp_path, service, sshd, {"a": node, "b": {"FAKE_PUPPET_LOG": str(calls)}}, heartbeat=0.3
+    )
+    log = tmp_path / "bridge.log"
+    server = serve(config, log)
+    run_id = service.client.create_run({"scope": {"nodes": ["a", "b"]}})["id"]
+    in_progress(run_id)
+    puppet_pid = int(wait_for(lambda: calls.exists() and calls.read_text().split()[2]))
+    kill(server)
+
+    [held] = status(config)
+    assert (held["run"], held["backend"], held["worked"]) == (run_id, "ssh", False)
+    assert alive(puppet_pid)  # Puppet on the node does not care that the bridge died
+    beat = Run.objects.get(pk=run_id).updated_at
+
+    server = serve(config, log)
+    try:
+        run = completed(run_id)
+    finally:
+        stop(server)
+    assert run.outcome == "finished"
+    assert run.updated_at > beat
+    nodes = {n["name"]: n for n in run.run_results["nodes"]}
+    assert (nodes["a"]["exit_code"], nodes["b"]["exit_code"]) == (2, 0)
+    starts = [line for line in calls.read_text().splitlines() if line.startswith("start")]
+    assert len(starts) == 2  # one per node: nothing ran twice
+    assert any("resuming: re-attached" in line for line in log_lines(log, run_id))
+    assert status(config) == []
+
+
+def test_ssh_a_node_that_ended_while_the_bridge_was_down_is_read_from_its_files(service, sshd, tmp_path):
+    calls = tmp_path / "calls"
+    node = {"FAKE_PUPPET_SLEEP": "1", "FAKE_PUPPET_EXIT": "6", "FAKE_PUPPET_LOG": str(calls)}
+    config = bridge_config(tmp_path, service, sshd, {"a": node}, heartbeat=0.3)
+    log = tmp_path / "bridge.log"
+    server = serve(config, log)
+    run_id = service.client.create_run({"scope": {"nodes": ["a"]}})["id"]
+    in_progress(run_id)
+    kill(server)
+    wait_for(lambda: calls.exists() and len(calls.read_text().splitlines()) == 2, 20, "Puppet to end")
+    time.sleep(0.3)
+
+    server = serve(config, log)
+    try:
+        run = completed(run_id)
+    finally:
+        stop(server)
+    assert run.outcome == "failed"
+    assert run.run_results["nodes"][0]["exit_code"] == 6
+
+
+def test_bolt_a_killed_bridge_re_attaches_to_bolt_and_finishes(service, tmp_path, monkeypatch):
+    puppet = tmp_path / "fake-puppet"
+    puppet.write_text(FAKE_PUPPET)
+    puppet.chmod(0o755)
+    calls = tmp_path / "bolt-calls"
+    monkeypatch.setenv("BOLT_STANDIN_LOG", str(calls))
+    monkeypatch.setenv(
+        "BOLT_STANDIN_ENV", json.dumps({"a": {"FAKE_PUPPET_SLEEP": "3", "FAKE_PUPPET_EXIT": "2"}})
+    )
+    config = config_file(tmp_path, service, "bolt", {"bolt_path": BOLT, "node_puppet_path": str(puppet)}, 0.3)
+    log = tmp_path / "bridge.log"
+    server = serve(config, log)
+    run_id = service.client.create_run({"scope": {"nodes": ["a", "b"]}})["id"]
+    in_progress(run_id)
+    bolt_pid = json.loads(wait_for(lambda: calls.exists() and calls.read_text()))["pid"]
+    kill(server)
+    assert alive(bolt_pid)
+
+    server = serve(config, log)
+    try:
+        run = completed(run_id)
+    finally:
+        stop(server)
+    assert run.outcome == "finished"
+    assert [n["exit_code"] for n in run.run_results["nodes"]] == [2, 0]
+    assert len(calls.read_text().splitlines()) == 1  # Bolt ran once
+
+
+def test_bolt_gone_while_the_bridge_was_down_completes_error_saying_why(service, tmp_path, monkeypatch):
+    puppet = tmp_path / "fake-puppet"
+    puppet.write_text(FAKE_PUPPET)
+    puppet.chmod(0o755)
+    calls = tmp_path / "bolt-calls"
+    monkeypatch.setenv("BOLT_STANDIN_LOG", str(calls))
+    monkeypatch.setenv("BOLT_STANDIN_ENV", json.dumps({"a": {"FAKE_PUPPET_SLEEP": "30"}}))
+    config = config_file(tmp_path, service, "bolt", {"bolt_path": BOLT, "node_puppet_path": str(puppet)}, 0.3)
+    log = tmp_path / "bridge.log"
+    server = serve(config, log)
+    run_id = service.client.create_run({"scope": {"nodes": ["a"]}})["id"]
+    in_progress(run_id)
+    bolt_pid = json.loads(wait_for(lambda: calls.exists() and calls.read_text()))["pid"]
+    kill(server)
+    os.killpg(bolt_pid, signal.SIGKILL)  # the machine lost it too
+    wait_for(lambda: not alive(bolt_pid), 10)
+
+    server = serve(config, log)
+    try:
+        run = completed(run_id)
+    finally:
+        stop(server)
+    assert run.outcome == "error"
+    assert run.run_results["result"]["msg"] == (
+        "The bridge restarted and could not find Puppet's work again: "
+        "Bolt ended while the bridge was down and left no results."
+    )
+
+
+def test_orchestrator_a_killed_bridge_re_attaches_to_the_pe_job(service, tmp_path):
+    pe = Orchestrator(tmp_path / "pe")
+    pe.script = ["running"] * 12 + ["finished"]
+    options = {"api_url": pe.url, "token": pe.token, "cacert": str(pe.ca)}
+    config = config_file(tmp_path, service, "orchestrator", options, 0.2)
+    log = tmp_path / "bridge.log"
+    try:
+        server = serve(config, log)
+        run_id = service.client.create_run({"scope": {"nodes": ["a"]}, "environment": "production"})["id"]
+        in_progress(run_id)
+        wait_for(lambda: sum(r["path"].endswith("/jobs/81") for r in pe.seen) >= 2, 20)
+        kill(server)
+        [held] = status(config)
+        assert held["job"] == {"kind": "orchestrator", "job": "81", "plan": False}
+
+        server = serve(config, log)
+        try:
+            run = completed(run_id)
+        finally:
+            stop(server)
+    finally:
+        pe.stop()
+    assert (run.outcome, run.job_id) == ("finished", "81")
+    assert len([r for r in pe.seen if r["path"].endswith("/command/deploy")]) == 1
+
+
+def test_a_run_held_by_a_live_bridge_is_not_taken_by_a_second_on_the_same_host(service, sshd, tmp_path):
+    calls = tmp_path / "calls"
+    node = {"FAKE_PUPPET_SLEEP": "2", "FAKE_PUPPET_LOG": str(calls)}
+    config = bridge_config(tmp_path, service, sshd, {"a": node}, heartbeat=0.3)
+    log = tmp_path / "bridge.log"
+    server = serve(config, log)
+    try:
+        run_id = service.client.create_run({"scope": {"nodes": ["a"]}})["id"]
+        in_progress(run_id)
+        [held] = status(config)
+        assert held["worked"] is True
+        assert relay_bridge(config, "poll", "--once", log=tmp_path / "poll.log").wait(30) == 0
+        assert any("forked=0" in line for line in log_lines(tmp_path / "poll.log"))
+        assert completed(run_id).outcome == "finished"
+    finally:
+        stop(server)
+    assert len(calls.read_text().splitlines()) == 2
