@@ -37,13 +37,22 @@ def sshd(tmp_path_factory) -> Iterator[Sshd]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def stop_runs_listener(django_db_setup) -> Iterator[None]:
+def stop_runs_listener(django_db_setup, django_db_blocker) -> Iterator[None]:
     # Torn down before django_db_setup (which it depends on): the listener's connection
     # would otherwise keep the test database from being dropped.
     yield
     from runs.notify import listener
 
     listener.stop()
+    # A live server's request thread may still hold a long-poll (and its connection) for
+    # a bridge that a test has stopped: end those sessions so the database can be dropped.
+    from django.db import connection
+
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
 
 
 @pytest.fixture(autouse=True)

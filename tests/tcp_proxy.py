@@ -88,6 +88,9 @@ def _reset(conn: socket.socket) -> None:
     """Close with an RST, as a dropped link or a restarted load balancer does."""
     try:
         conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        conn.close()
+        # shutdown acts at once, even while another thread is blocked reading this socket
+        # (close alone would wait for that read to end).
+        conn.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
+    conn.close()

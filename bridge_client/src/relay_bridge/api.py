@@ -159,10 +159,15 @@ class RelayClient:
             raise
 
     def put_state(
-        self, run_id: str, state: dict[str, Any], lease_id: str | None = None, attempts: int | None = None
+        self,
+        run_id: str,
+        state: dict[str, Any],
+        lease_id: str | None = None,
+        attempts: int | None = None,
+        timeout: float | None = None,
     ) -> dict[str, Any]:
         body = {**state, "lease_id": lease_id} if lease_id else state
-        return self._call("PUT", f"runs/{run_id}/state", body, attempts=attempts)
+        return self._call("PUT", f"runs/{run_id}/state", body, timeout=timeout, attempts=attempts)
 
 
 def _json(answer: requests.Response) -> Any:

@@ -170,8 +170,10 @@ class RunWorker:
         due = datetime.now(timezone.utc) + timedelta(seconds=MISSED_BEATS * self.heartbeat)
         body = {**state, "next_update_before": due.isoformat()}
         try:
-            # Two tries only: the next heartbeat is never more than one interval away.
-            answer = self.client.put_state(self.run_id, body, self.lease, attempts=2)
+            # Two short tries only: the next heartbeat is never more than one interval away,
+            # and a link that swallows packets must not hold the heartbeats up.
+            timeout = min(30.0, max(5.0, self.heartbeat))
+            answer = self.client.put_state(self.run_id, body, self.lease, attempts=2, timeout=timeout)
         except ApiError as exc:
             if exc.status in (404, 409):
                 raise RunLost(str(exc)) from None
