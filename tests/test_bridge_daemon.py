@@ -346,3 +346,41 @@ def test_a_service_that_fails_every_way_mid_run_loses_nothing(service, sshd, tmp
     assert "heartbeat not delivered; Puppet goes on" in text
     assert text.count("service call failed; retrying") >= 8
     assert service.token not in text
+
+
+def test_serve_s_prometheus_endpoint_counts_runs_and_api_errors(service, sshd, tmp_path):
+    from tests.bao import free_port
+    from tests.faulty_proxy import FaultyProxy
+
+    proxy = FaultyProxy(service.url)
+    proxy.fail("PUT", r"/state$", "503", body=r'"status": ?"complete"')
+    config = bridge_config(
+        tmp_path, Service(proxy.url, service.token, None), sshd, {"a": {}, "b": {"FAKE_PUPPET_EXIT": "4"}}
+    )
+    port = free_port()
+    log = tmp_path / "bridge.log"
+    server = relay_bridge(config, "serve", "--wait", "2", "--metrics-port", str(port), log=log)
+    try:
+        finished = new_run(service, ["a"])
+        failed = new_run(service, ["b"])
+        assert (completed(finished).outcome, completed(failed).outcome) == ("finished", "failed")
+        text = wait_for(lambda: _metrics(port), 10)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(15) == 0
+        proxy.stop()
+    assert "relay_bridge_runs_held 0" in text
+    assert 'relay_bridge_runs_completed_total{outcome="finished"} 1' in text
+    assert 'relay_bridge_runs_completed_total{outcome="failed"} 1' in text
+    assert 'relay_bridge_api_errors_total{kind="5xx"} 1' in text
+    assert "# TYPE relay_bridge_runs_completed_total counter" in text
+
+
+def _metrics(port: int) -> str:
+    import requests
+
+    try:
+        answer = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+    except requests.RequestException:
+        return ""
+    return answer.text if 'outcome="failed"' in answer.text else ""

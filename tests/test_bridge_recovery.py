@@ -225,3 +225,19 @@ def test_a_run_held_by_a_live_bridge_is_not_taken_by_a_second_on_the_same_host(s
     finally:
         stop(server)
     assert len(calls.read_text().splitlines()) == 2
+
+
+def test_poll_once_resumes_what_a_killed_bridge_held(service, sshd, tmp_path):
+    calls = tmp_path / "calls"
+    node = {"FAKE_PUPPET_SLEEP": "2", "FAKE_PUPPET_EXIT": "2", "FAKE_PUPPET_LOG": str(calls)}
+    config = bridge_config(tmp_path, service, sshd, {"a": node}, heartbeat=0.3)
+    log = tmp_path / "bridge.log"
+    server = serve(config, log)
+    run_id = service.client.create_run({"scope": {"nodes": ["a"]}})["id"]
+    in_progress(run_id)
+    kill(server)
+
+    assert relay_bridge(config, "poll", "--once", log=log).wait(30) == 0  # what the next timer tick does
+    run = completed(run_id)
+    assert (run.outcome, run.run_results["nodes"][0]["exit_code"]) == ("finished", 2)
+    assert len(calls.read_text().splitlines()) == 2
