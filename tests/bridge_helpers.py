@@ -97,3 +97,14 @@ def completed(run_id: str, timeout: float = 30) -> Run:
 def log_lines(log: Path, run_id: str | None = None) -> list[str]:
     lines = log.read_text().splitlines() if log.exists() else []
     return [line for line in lines if run_id is None or f"run={run_id}" in line]
+
+
+def serve(config: Path, log: Path, *args: str) -> subprocess.Popen:
+    """`relay-bridge serve`, once it says it serves (short long-polls: tests stop it often)."""
+    server = relay_bridge(config, "serve", "--wait", "2", *args, log=log)
+    wait_for(lambda: "msg=serving" in "".join(log_lines(log)), 20, "the bridge to serve")
+    return server
+
+
+def in_progress(run_id: str) -> Run:
+    return wait_for(lambda: Run.objects.filter(pk=run_id, status="in-progress").first(), 30, "in progress")

@@ -4,12 +4,14 @@ from collections.abc import Iterator
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
+from relay_bridge.api import RelayClient
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from puppet_connection.models import PuppetConnection
 from relay import vault
 from tests.bao import BaoDevServer
+from tests.bridge_helpers import Service
 from tests.sshd import Sshd
 
 
@@ -137,3 +139,12 @@ def run_concurrently(count: int, work) -> list:
     for thread in threads:
         thread.join()
     return results
+
+
+@pytest.fixture
+def bridge_service(live_server) -> Iterator[Service]:
+    """A connection on a live server, and a client that plays the workflow step."""
+    _, token = PuppetConnection.create_with_token(owner=User.objects.create_user("ops"), name="dc")
+    client = RelayClient(live_server.url, str(token), attempts=1)
+    yield Service(live_server.url, str(token), client)
+    client.close()

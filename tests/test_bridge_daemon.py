@@ -8,10 +8,8 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import User
 from relay_bridge.api import RelayClient
 
-from puppet_connection.models import PuppetConnection
 from runs.models import Run, RunTransition
 from tests.bridge_helpers import (
     RELAY_BRIDGE,
@@ -28,12 +26,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def service(live_server):
-    owner = User.objects.create_user("ops")
-    _, token = PuppetConnection.create_with_token(owner=owner, name="prod")
-    client = RelayClient(live_server.url, str(token), attempts=1)
-    yield Service(live_server.url, str(token), client)
-    client.close()
+def service(bridge_service):
+    return bridge_service
 
 
 def new_run(service: Service, nodes: list[str], **fields) -> str:

@@ -8,18 +8,16 @@ import subprocess
 import time
 
 import pytest
-from django.contrib.auth.models import User
-from relay_bridge.api import RelayClient
 
-from puppet_connection.models import PuppetConnection
 from runs.models import Run
 from tests.bridge_helpers import (
     RELAY_BRIDGE,
     Service,
     bridge_config,
     completed,
+    in_progress,
     log_lines,
-    relay_bridge,
+    serve,
     wait_for,
 )
 from tests.tcp_proxy import TcpProxy
@@ -28,11 +26,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def service(live_server):
-    _, token = PuppetConnection.create_with_token(owner=User.objects.create_user("ops"), name="dc")
-    client = RelayClient(live_server.url, str(token), attempts=1)
-    yield Service(live_server.url, str(token), client)
-    client.close()
+def service(bridge_service):
+    return bridge_service
 
 
 @pytest.fixture
@@ -40,16 +35,6 @@ def proxy(live_server):
     tcp = TcpProxy(int(live_server.url.rsplit(":", 1)[1]))
     yield tcp
     tcp.stop()
-
-
-def serve(config, log, *args):
-    server = relay_bridge(config, "serve", "--wait", "2", *args, log=log)
-    wait_for(lambda: "msg=serving" in "".join(log_lines(log)), 20, "the bridge to serve")
-    return server
-
-
-def in_progress(run_id: str) -> Run:
-    return wait_for(lambda: Run.objects.filter(pk=run_id, status="in-progress").first(), 30, "in progress")
 
 
 def status_text(config) -> str:

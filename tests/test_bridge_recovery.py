@@ -11,19 +11,17 @@ import time
 from pathlib import Path
 
 import pytest
-from django.contrib.auth.models import User
-from relay_bridge.api import RelayClient
 
-from puppet_connection.models import PuppetConnection
 from runs.models import Run
 from tests.bridge_helpers import (
     RELAY_BRIDGE,
-    Service,
     bridge_config,
     completed,
     config_file,
+    in_progress,
     log_lines,
     relay_bridge,
+    serve,
     wait_for,
 )
 from tests.sshd import FAKE_PUPPET, alive
@@ -34,21 +32,8 @@ BOLT = str(Path(__file__).parent / "standins" / "bolt")
 
 
 @pytest.fixture
-def service(live_server):
-    _, token = PuppetConnection.create_with_token(owner=User.objects.create_user("ops"), name="dc")
-    client = RelayClient(live_server.url, str(token), attempts=1)
-    yield Service(live_server.url, str(token), client)
-    client.close()
-
-
-def serve(config: Path, log: Path) -> subprocess.Popen:
-    server = relay_bridge(config, "serve", "--wait", "2", log=log)
-    wait_for(lambda: "msg=serving" in "".join(log_lines(log)), 20, "the bridge to serve")
-    return server
-
-
-def in_progress(run_id: str) -> Run:
-    return wait_for(lambda: Run.objects.filter(pk=run_id, status="in-progress").first(), 30, "in progress")
+def service(bridge_service):
+    return bridge_service
 
 
 def kill(server: subprocess.Popen) -> None:
@@ -81,7 +66,7 @@ def test_ssh_a_killed_bridge_re_attaches_to_the_running_node_and_finishes(servic
     server = serve(config, log)
     run_id = service.client.create_run({"scope": {"nodes": ["a", "b"]}})["id"]
     in_progress(run_id)
-    puppet_pid = int(wait_for(lambda: calls.exists() and calls.read_text().split()[2]))
+    puppet_pid = int(wait_for(lambda: _started(calls, "a")))
     kill(server)
 
     [held] = status(config)
@@ -241,3 +226,11 @@ def test_poll_once_resumes_what_a_killed_bridge_held(service, sshd, tmp_path):
     run = completed(run_id)
     assert (run.outcome, run.run_results["nodes"][0]["exit_code"]) == ("finished", 2)
     assert len(calls.read_text().splitlines()) == 2
+
+
+def _started(calls: Path, node: str) -> str | None:
+    """The pid of the stand-in Puppet on `node`, once it has started."""
+    lines = calls.read_text().splitlines() if calls.exists() else []
+    return next(
+        (line.split()[2] for line in lines if line.startswith("start") and line.split()[3] == node), None
+    )

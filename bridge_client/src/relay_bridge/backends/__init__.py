@@ -58,6 +58,19 @@ class NodeResult:
         return doc
 
 
+def process_alive(pid: int | None, marker: bytes) -> bool:
+    """Whether `pid` still runs and is the process we started (its command line holds
+    `marker`), not a pid since reused by something else. For work that outlived a bridge."""
+    if not pid:
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        status = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return marker in cmdline and ") Z " not in status
+
+
 def meaning_of(exit_code: int) -> str:
     return EXIT_MEANINGS.get(exit_code, f"unexpected exit code {exit_code}")
 

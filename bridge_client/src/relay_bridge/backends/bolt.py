@@ -23,6 +23,7 @@ from relay_bridge.backends import (
     meaning_of,
     nodes_of,
     outcome_of,
+    process_alive,
     puppet_flags,
 )
 from relay_bridge.backends.options import Options
@@ -108,7 +109,7 @@ class BoltBackend:
         its results read if it ended meanwhile."""
         if handle.get("kind") != "bolt" or not isinstance(handle.get("nodes"), list):
             raise RunError("The bridge's record of this run's Bolt work is unreadable.")
-        if not _bolt_alive(handle.get("pid")) and _items(workdir / "bolt.json") is None:
+        if not process_alive(handle.get("pid"), b"bolt") and _items(workdir / "bolt.json") is None:
             raise RunError("Bolt ended while the bridge was down and left no results.")
         return BoltJob(None, handle["nodes"], workdir, pid=handle.get("pid"))
 
@@ -146,7 +147,7 @@ class BoltJob:
         if self.proc is not None:
             self.proc.wait()
         else:
-            while _bolt_alive(self.pid):
+            while process_alive(self.pid, b"bolt"):
                 time.sleep(0.2)
         self._done.set()
 
@@ -171,17 +172,6 @@ class BoltJob:
         duration = time.monotonic() - self.started
         nodes = [_node(name, by_target.get(name), duration) for name in self.nodes]
         return outcome_of(nodes), {"nodes": [n.as_json() for n in nodes]}
-
-
-def _bolt_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        status = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return b"bolt" in cmdline and ") Z " not in status
 
 
 def _items(output: Path) -> list[Any] | None:

@@ -25,6 +25,7 @@ from relay_bridge.backends import (
     meaning_of,
     nodes_of,
     outcome_of,
+    process_alive,
     puppet_flags,
 )
 from relay_bridge.backends.options import Options
@@ -132,7 +133,7 @@ class SshJob:
             prefix = self._prefix(number)
             if resume and Path(f"{prefix}.rc").exists():
                 self.results[node] = self._judge(number, node, 0.0)
-            elif resume and _alive(_read_pid(prefix), str(prefix)):
+            elif resume and process_alive(_read_pid(prefix), str(prefix).encode()):
                 self._todo.insert(0, (number, node, True))  # they hold lanes first
             elif resume and Path(f"{prefix}.pid").exists():
                 lost = "its ssh ended while the bridge was down, leaving no exit code"
@@ -237,7 +238,7 @@ class SshJob:
         started = time.monotonic()
         with self._lock:
             self._running[node] = pid or 0
-        while _alive(pid, str(prefix)):
+        while process_alive(pid, str(prefix).encode()):
             time.sleep(0.2)
         with self._lock:
             del self._running[node]
@@ -263,18 +264,6 @@ def _read_pid(prefix: Path) -> int | None:
         return int(Path(f"{prefix}.pid").read_text().strip())
     except (OSError, ValueError):
         return None
-
-
-def _alive(pid: int | None, marker: str) -> bool:
-    """Whether `pid` is still the node's shell (not a pid reused by something else)."""
-    if not pid:
-        return False
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        status = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return marker.encode() in cmdline and ") Z " not in status
 
 
 def _remote_pid(output: Path) -> int | None:
