@@ -1,3 +1,4 @@
+import subprocess
 import threading
 from collections.abc import Iterator
 
@@ -36,6 +37,15 @@ def sshd(tmp_path_factory) -> Iterator[Sshd]:
     server = Sshd(tmp_path_factory.mktemp("sshd")).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_bridge_outlives_the_tests(tmp_path_factory) -> Iterator[None]:
+    """`relay-bridge poll --once` daemonizes its workers: none may linger after the session
+    (a failed test may leave one waiting for a service that is gone)."""
+    yield
+    base = str(tmp_path_factory.getbasetemp())
+    subprocess.run(["pkill", "-f", f"relay-bridge --config {base}"], check=False)
 
 
 @pytest.fixture(scope="session", autouse=True)
