@@ -93,6 +93,7 @@ def test_make_run_starts_everything_keeps_secrets_across_restarts_and_stops_clea
     service = Service(var, **ports)
     try:
         service.wait_for_line("Relay is up")
+        service.wait_for_line("Ctrl-C stops everything")  # the lines after it, read as well
         text = "".join(service.output)
         assert "single-machine use only" in text
         assert f"http://127.0.0.1:{ports['PORT']}/admin/" in text and "createsuperuser" in text
