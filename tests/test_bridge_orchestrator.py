@@ -50,7 +50,7 @@ def sent(pe: Orchestrator, method: str, path: str) -> list[dict]:
 
 
 def test_a_finished_job_finishes_the_run_with_its_nodes(pe, relay, tmp_path):
-    pe.script = ["new", "running", "running", "finished"]
+    pe.script = ["new", "ready", "running", "finished"]  # every state before the final ones: poll on
     run = work(relay, backend_for(pe), tmp_path)
 
     assert (run.status, run.outcome, run.job_id) == ("complete", "finished", "81")
