@@ -381,3 +381,15 @@ def _metrics(port: int) -> str:
     except requests.RequestException:
         return ""
     return answer.text if 'outcome="failed"' in answer.text else ""
+
+
+def test_a_metrics_port_in_use_exits_2_saying_so(service, sshd, tmp_path):
+    import socket
+
+    config = bridge_config(tmp_path, service, sshd, {})
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        log = tmp_path / "bridge.log"
+        server = relay_bridge(config, "serve", "--metrics-port", str(port), log=log)
+        assert server.wait(30) == 2
+    assert any("cannot serve metrics" in line and f"port={port}" in line for line in log_lines(log))

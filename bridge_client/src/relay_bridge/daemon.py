@@ -13,7 +13,6 @@ import random
 import signal
 import sys
 import threading
-from collections.abc import Callable
 from typing import Any
 
 from relay_bridge import metrics
@@ -131,17 +130,21 @@ class Server:
         self.stopping.set()
         self.slot_free.set()
 
-    def serve(self, on_ready: Callable[[], None] | None = None) -> int:
+    def serve(self) -> int:
+        if self.metrics_port:
+            try:
+                metrics_server = metrics.serve(self.metrics_port)
+            except OSError as exc:
+                logger.error(
+                    "cannot serve metrics", extra={"fields": {"port": self.metrics_port, "error": str(exc)}}
+                )
+                return 2
         logger.info(
             "serving",
             extra={"fields": {"backend": self.backend.name, "max_concurrent": self.max_concurrent}},
         )
-        if self.metrics_port:
-            metrics_server = metrics.serve(self.metrics_port)
         poller = threading.Thread(target=self._poll, name="poller", daemon=True)
         poller.start()
-        if on_ready:
-            on_ready()
         self.stopping.wait()
         logger.info(
             "stopping: no new runs; finishing the runs held", extra={"fields": {"held": self._held()}}
