@@ -268,3 +268,23 @@ def test_pe_is_detected_and_the_orchestrator_url_defaults_to_this_host(pe, tmp_p
     with pytest.raises(ConfigError) as error:
         OrchestratorBackend({"token_file": str(tmp_path / "missing"), "cacert": str(pe.ca)})
     assert error.value.key == "backend_orchestrator_token_file"
+
+
+def test_the_job_id_survives_a_lost_first_heartbeat(pe, relay, live_server, tmp_path):
+    from tests.faulty_proxy import FaultyProxy
+
+    proxy = FaultyProxy(live_server.url)
+    proxy.fail("PUT", r"/state$", "503", "503", body=r'"status": ?"in-progress"')  # both tries of the first
+    pe.script = ["running", "running", "finished"]
+    created = relay.create_run({"scope": {"nodes": ["a"]}, "environment": "production"})
+    flaky = RelayClient(proxy.url, relay.session.headers["Authorization"].split()[1], attempts=2)
+    try:
+        assert (
+            RunWorker(flaky, backend_for(pe), created, tmp_path / "state", heartbeat=0.05).work()
+            == "finished"
+        )
+    finally:
+        flaky.close()
+        proxy.stop()
+    assert not proxy.rules
+    assert Run.objects.get(pk=created["id"]).job_id == "81"

@@ -135,15 +135,17 @@ class RunWorker:
             job.wait(30)
             self.record.remove()
             return None
-        return self._complete(outcome, results)
+        return self._complete(outcome, results, job.job_id)
 
     def _watch(self, job: Job) -> tuple[str, Any]:
         """Heartbeat around the job until it is over; its outcome and results."""
         stopped_because: str | None = None
         deadline: float | None = None
-        self._beat({"status": "in-progress", **({"job_id": job.job_id} if job.job_id else {})})
+        # The job id goes with every state: a first heartbeat that is lost must not lose it.
+        in_progress = {"status": "in-progress", **({"job_id": job.job_id} if job.job_id else {})}
+        self._beat(in_progress)
         while not job.wait(self.heartbeat):
-            state = self._beat({"status": "in-progress"})
+            state = self._beat(in_progress)
             if stopped_because:
                 continue
             if state and state.get("cancel_requested"):
@@ -184,9 +186,11 @@ class RunWorker:
         )
         return answer
 
-    def _complete(self, outcome: str, results: Any) -> str | None:
+    def _complete(self, outcome: str, results: Any, job_id: str = "") -> str | None:
         """Spool the final state on disk, then deliver it."""
         body = {"status": "complete", "outcome": outcome, "run_results": results}
+        if job_id:
+            body["job_id"] = job_id
         self.record.save(final=body)
         return self._deliver(body)
 
