@@ -152,8 +152,9 @@ def run_concurrently(count: int, work) -> list:
 
 
 @pytest.fixture
-def bridge_service(live_server) -> Iterator[Service]:
-    """A connection on a live server, and a client that plays the workflow step."""
+def service(live_server) -> Iterator[Service]:
+    """For the bridge's tests: a connection on a live server, and a client that plays the
+    workflow step. (test_bridge_step.py has a `service` of its own.)"""
     _, token = PuppetConnection.create_with_token(owner=User.objects.create_user("ops"), name="dc")
     client = RelayClient(live_server.url, str(token), attempts=1)
     yield Service(live_server.url, str(token), client)

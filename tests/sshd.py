@@ -26,6 +26,13 @@ exit "${FAKE_PUPPET_EXIT:-0}"
 """
 
 
+def write_fake_puppet(directory: Path) -> Path:
+    path = directory / "fake-puppet"
+    path.write_text(FAKE_PUPPET)
+    path.chmod(0o755)
+    return path
+
+
 class Sshd:
     def __init__(self, directory: Path) -> None:
         self.dir = directory
@@ -86,10 +93,7 @@ LogLevel ERROR
             self.process.wait(10)
 
     def fake_puppet(self) -> Path:
-        path = self.dir / "fake-puppet"
-        path.write_text(FAKE_PUPPET)
-        path.chmod(0o755)
-        return path
+        return write_fake_puppet(self.dir)
 
     def write_config(self, nodes: dict[str, dict[str, str]], unreachable: tuple[str, ...] = ()) -> Path:
         """An ssh config in which each node is an alias of this sshd, passing its env;

@@ -12,17 +12,14 @@ from relay_bridge.backends import RunError, make
 from relay_bridge.backends.bolt import BoltBackend
 from relay_bridge.config import Config, ConfigError
 
-from tests.sshd import FAKE_PUPPET
+from tests.sshd import write_fake_puppet
 
 STANDIN = str(Path(__file__).parent / "standins" / "bolt")
 
 
 @pytest.fixture
 def puppet(tmp_path) -> Path:
-    path = tmp_path / "fake-puppet"
-    path.write_text(FAKE_PUPPET)
-    path.chmod(0o755)
-    return path
+    return write_fake_puppet(tmp_path)
 
 
 @pytest.fixture

@@ -25,11 +25,6 @@ from tests.sshd import alive
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def service(bridge_service):
-    return bridge_service
-
-
 def new_run(service: Service, nodes: list[str], **fields) -> str:
     return service.client.create_run({"scope": {"nodes": nodes}, **fields})["id"]
 

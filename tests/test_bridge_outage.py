@@ -26,11 +26,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def service(bridge_service):
-    return bridge_service
-
-
-@pytest.fixture
 def proxy(live_server):
     tcp = TcpProxy(int(live_server.url.rsplit(":", 1)[1]))
     yield tcp

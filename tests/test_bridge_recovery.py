@@ -24,16 +24,11 @@ from tests.bridge_helpers import (
     serve,
     wait_for,
 )
-from tests.sshd import FAKE_PUPPET, alive
+from tests.sshd import alive, write_fake_puppet
 from tests.standins.orchestrator import Orchestrator
 
 pytestmark = pytest.mark.django_db(transaction=True)
 BOLT = str(Path(__file__).parent / "standins" / "bolt")
-
-
-@pytest.fixture
-def service(bridge_service):
-    return bridge_service
 
 
 def kill(server: subprocess.Popen) -> None:
@@ -44,6 +39,15 @@ def kill(server: subprocess.Popen) -> None:
 def stop(server: subprocess.Popen) -> None:
     server.send_signal(signal.SIGTERM)
     assert server.wait(30) == 0
+
+
+def restart_until_complete(config: Path, log: Path, run_id: str) -> Run:
+    """Start the bridge again, let it finish the run it held, stop it."""
+    server = serve(config, log)
+    try:
+        return completed(run_id)
+    finally:
+        stop(server)
 
 
 def status(config: Path) -> list[dict]:
@@ -74,11 +78,7 @@ def test_ssh_a_killed_bridge_re_attaches_to_the_running_node_and_finishes(servic
     assert alive(puppet_pid)  # Puppet on the node does not care that the bridge died
     beat = Run.objects.get(pk=run_id).updated_at
 
-    server = serve(config, log)
-    try:
-        run = completed(run_id)
-    finally:
-        stop(server)
+    run = restart_until_complete(config, log, run_id)
     assert run.outcome == "finished"
     assert run.updated_at > beat
     nodes = {n["name"]: n for n in run.run_results["nodes"]}
@@ -101,19 +101,13 @@ def test_ssh_a_node_that_ended_while_the_bridge_was_down_is_read_from_its_files(
     wait_for(lambda: calls.exists() and len(calls.read_text().splitlines()) == 2, 20, "Puppet to end")
     time.sleep(0.3)
 
-    server = serve(config, log)
-    try:
-        run = completed(run_id)
-    finally:
-        stop(server)
+    run = restart_until_complete(config, log, run_id)
     assert run.outcome == "failed"
     assert run.run_results["nodes"][0]["exit_code"] == 6
 
 
 def test_bolt_a_killed_bridge_re_attaches_to_bolt_and_finishes(service, tmp_path, monkeypatch):
-    puppet = tmp_path / "fake-puppet"
-    puppet.write_text(FAKE_PUPPET)
-    puppet.chmod(0o755)
+    puppet = write_fake_puppet(tmp_path)
     calls = tmp_path / "bolt-calls"
     monkeypatch.setenv("BOLT_STANDIN_LOG", str(calls))
     monkeypatch.setenv(
@@ -128,20 +122,14 @@ def test_bolt_a_killed_bridge_re_attaches_to_bolt_and_finishes(service, tmp_path
     kill(server)
     assert alive(bolt_pid)
 
-    server = serve(config, log)
-    try:
-        run = completed(run_id)
-    finally:
-        stop(server)
+    run = restart_until_complete(config, log, run_id)
     assert run.outcome == "finished"
     assert [n["exit_code"] for n in run.run_results["nodes"]] == [2, 0]
     assert len(calls.read_text().splitlines()) == 1  # Bolt ran once
 
 
 def test_bolt_gone_while_the_bridge_was_down_completes_error_saying_why(service, tmp_path, monkeypatch):
-    puppet = tmp_path / "fake-puppet"
-    puppet.write_text(FAKE_PUPPET)
-    puppet.chmod(0o755)
+    puppet = write_fake_puppet(tmp_path)
     calls = tmp_path / "bolt-calls"
     monkeypatch.setenv("BOLT_STANDIN_LOG", str(calls))
     monkeypatch.setenv("BOLT_STANDIN_ENV", json.dumps({"a": {"FAKE_PUPPET_SLEEP": "30"}}))
@@ -155,11 +143,7 @@ def test_bolt_gone_while_the_bridge_was_down_completes_error_saying_why(service,
     os.killpg(bolt_pid, signal.SIGKILL)  # the machine lost it too
     wait_for(lambda: not alive(bolt_pid), 10)
 
-    server = serve(config, log)
-    try:
-        run = completed(run_id)
-    finally:
-        stop(server)
+    run = restart_until_complete(config, log, run_id)
     assert run.outcome == "error"
     assert run.run_results["result"]["msg"] == (
         "The bridge restarted and could not find Puppet's work again: "

@@ -32,14 +32,11 @@ def make_tls(directory: Path) -> tuple[Path, Path, Path]:
     def openssl(*args: str) -> None:
         subprocess.run(["openssl", *args], check=True, capture_output=True)
 
+    new_key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     openssl(
         "req",
         "-x509",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
+        *new_key,
         "-keyout",
         str(ca_key),
         "-out",
@@ -49,20 +46,7 @@ def make_tls(directory: Path) -> tuple[Path, Path, Path]:
         "-days",
         "2",
     )
-    openssl(
-        "req",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-keyout",
-        str(key),
-        "-out",
-        str(csr),
-        "-subj",
-        "/CN=localhost",
-    )
+    openssl("req", *new_key, "-keyout", str(key), "-out", str(csr), "-subj", "/CN=localhost")
     ext = directory / "san.ext"
     ext.write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
     openssl(

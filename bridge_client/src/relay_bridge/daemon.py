@@ -39,14 +39,7 @@ def poll_once(config: Config, backend: Backend, heartbeat: float) -> int:
     for each pending run. Returns how many were forked, or -1 when the service could not be
     reached (the held runs were still resumed)."""
     forked = 0
-    for record in RunRecord.all(config.state_dir):
-        if record.holder_alive():
-            continue  # a daemon of an earlier poll is working it
-        run = record.load().get("run")
-        if not isinstance(run, dict):
-            logger.error("unreadable run record; removing it", extra={"run_id": record.run_id})
-            record.remove()
-            continue
+    for _, run in RunRecord.orphans(config.state_dir):
         forked += _fork_worker(config, backend, run, heartbeat, resume=True)
     client = client_for(config, backend)
     try:
@@ -201,16 +194,11 @@ class Server:
 
     def _resume_held(self) -> None:
         """Runs this host held when a bridge died: their lock is free. Worked like new ones."""
-        for record in RunRecord.all(self.config.state_dir):
+        for record, run in RunRecord.orphans(self.config.state_dir):
             if len(self.workers) >= self.max_concurrent:
                 return
-            if record.run_id in self.workers or record.holder_alive():
-                continue
-            run = record.load().get("run")
-            if not isinstance(run, dict):
-                logger.error("unreadable run record; removing it", extra={"run_id": record.run_id})
-                record.remove()
-                continue
+            if record.run_id in self.workers:
+                continue  # its worker thread is just starting or ending
             thread = threading.Thread(
                 target=self._work, args=(run, True), name=f"run-{record.run_id}", daemon=True
             )

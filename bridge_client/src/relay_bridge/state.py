@@ -8,13 +8,15 @@ host cannot take it, and a lock nobody holds means the run's worker died."""
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from relay_bridge.logs import logger
 
 
 class RunRecord:
@@ -23,6 +25,7 @@ class RunRecord:
         self.dir = state_dir / "runs" / run_id
         self.path = self.dir / "run.json"
         self._lock_fd: int | None = None
+        self._document: dict[str, Any] | None = None  # what this object last read or wrote
 
     def lock(self) -> bool:
         """Take the run's lock; False when another process holds it."""
@@ -43,14 +46,17 @@ class RunRecord:
             self._lock_fd = None
 
     def load(self) -> dict[str, Any]:
-        try:
-            document = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return {}
-        return document if isinstance(document, dict) else {}
+        if self._document is None:
+            try:
+                document = json.loads(self.path.read_text())
+            except (OSError, ValueError):
+                document = {}
+            self._document = document if isinstance(document, dict) else {}
+        return self._document
 
     def save(self, **changes: Any) -> dict[str, Any]:
-        """Merge `changes` in, durably: written aside, fsynced, then renamed over."""
+        """Merge `changes` in, durably: written aside, fsynced, then renamed over. Only the
+        process holding the lock writes, so what this object holds is what is on disk."""
         document = {**self.load(), **changes}
         self.dir.mkdir(parents=True, exist_ok=True)
         temporary = self.dir / "run.json.tmp"
@@ -64,6 +70,7 @@ class RunRecord:
             os.fsync(directory)
         finally:
             os.close(directory)
+        self._document = document
         return document
 
     def remove(self) -> None:
@@ -78,16 +85,25 @@ class RunRecord:
             return []
         return [RunRecord(state_dir, d.name) for d in sorted(runs.iterdir()) if (d / "run.json").exists()]
 
+    @staticmethod
+    def orphans(state_dir: Path) -> Iterator[tuple[RunRecord, dict[str, Any]]]:
+        """The runs a dead bridge process held (nobody holds their lock), with the run
+        document of each. A record without one is unusable: it is removed."""
+        for record in RunRecord.all(state_dir):
+            if record.holder_alive():
+                continue
+            run = record.load().get("run")
+            if isinstance(run, dict):
+                yield record, run
+            else:
+                logger.error("unreadable run record; removing it", extra={"run_id": record.run_id})
+                record.remove()
+
     def holder_alive(self) -> bool:
-        """Whether some process holds the lock (without taking it for long)."""
-        if not (self.dir / "lock").exists():
-            return False
-        fd = os.open(self.dir / "lock", os.O_RDWR)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        """Whether some process holds the lock (taking it for a moment to find out)."""
+        if self._lock_fd is not None:
             return True
-        finally:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        if not self.lock():
+            return True
+        self.unlock()
         return False

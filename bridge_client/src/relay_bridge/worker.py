@@ -181,9 +181,9 @@ class RunWorker:
                 raise RunLost(str(exc)) from None
             self.log.warning("heartbeat not delivered; Puppet goes on", error=str(exc))
             return None
-        self.record.save(
-            last_state=answer.get("status", state["status"]), last_sent=body["next_update_before"]
-        )
+        status = answer.get("status", state["status"])
+        if self.record.load().get("last_state") != status:  # written when it changes, not each beat
+            self.record.save(last_state=status)
         return answer
 
     def _complete(self, outcome: str, results: Any, job_id: str = "") -> str | None:
