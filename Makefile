@@ -10,9 +10,10 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/relay
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# Reinstall only when requirements.txt changes.
-$(VENV)/.installed: requirements.txt bridge_client/pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
+# Reinstall only when the requirements change. requirements.txt is what production needs;
+# requirements-dev.txt adds the test and lint tools (it includes requirements.txt).
+$(VENV)/.installed: requirements.txt requirements-dev.txt bridge_client/pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	$(BIN)/pip install --quiet --disable-pip-version-check -e ./bridge_client
 	touch $@
 

@@ -228,6 +228,8 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "data_folder_out": str(_queue_dir),
         "processed_folder": str(_queue_dir / "processed"),
         "store_processed": False,
+        # kombu puts the pidbox exchange files in ./control unless told otherwise.
+        "control_folder": str(_queue_dir / "control"),
     }
 CELERY_TASK_IGNORE_RESULT = True
 # A request that queues work must not hang on a dead broker: give up fast; the periodic

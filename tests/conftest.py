@@ -100,11 +100,16 @@ def staff(db) -> User:
     return User.objects.create_superuser("root", password="root-password-1")
 
 
-def client_for(user: User) -> APIClient:
-    """An API client that authenticates the way users do: DRF's Token header."""
-    client = APIClient()
+def api_token_for(user: User) -> str:
+    """A user API token, as `Authorization: Token <token>` takes it."""
     token, _ = Token.objects.get_or_create(user=user)
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    return token.key
+
+
+def client_for(user: User) -> APIClient:
+    """An API client that authenticates the way users do: the Token header."""
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {api_token_for(user)}")
     return client
 
 

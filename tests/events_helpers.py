@@ -5,7 +5,7 @@ from pathlib import Path
 
 from django.test import Client
 
-FIXTURES = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures" / "public-reports"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "public-reports"
 EVENTS = "/api/events"
 
 
