@@ -206,9 +206,33 @@ def base_env() -> dict[str, str]:
     return env
 
 
+def embedded_vault_env(env: dict[str, str]) -> None:
+    """Point a command at the embedded OpenBao, the way `make run` points its own processes,
+    unless a Vault is configured."""
+    token_file = VAR_DIR / "openbao" / "app-token"
+    if "VAULT_ADDR" not in env and token_file.exists():
+        env["VAULT_ADDR"] = f"http://127.0.0.1:{int(env.get('VAULT_PORT', '8200'))}"
+        env.setdefault("VAULT_TOKEN_FILE", str(token_file))
+
+
+def checkout_env(environ: dict[str, str]) -> dict[str, str] | None:
+    """The environment for `python manage.py …` typed in a checkout (`environ` as it was
+    before anything imported): unchanged when the settings are configured; `make run`'s
+    when it has generated var/; None when neither."""
+    if any(name in environ for name in ("SECRET_KEY", "SECRET_KEY_FILE", "DJANGO_SETTINGS_MODULE", "DEBUG")):
+        return environ
+    if not (VAR_DIR / "secret_key").exists():
+        return None
+    env = base_env()
+    embedded_vault_env(env)
+    return env
+
+
 def manage(args: list[str]) -> int:
     """`manage.py ARGS` with the embedded service's settings, e.g. createsuperuser."""
-    return subprocess.run([sys.executable, str(BASE_DIR / "manage.py"), *args], env=base_env()).returncode
+    env = base_env()
+    embedded_vault_env(env)
+    return subprocess.run([sys.executable, str(BASE_DIR / "manage.py"), *args], env=env).returncode
 
 
 def main() -> int:

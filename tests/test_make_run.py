@@ -73,6 +73,28 @@ class Service:
         return self.process.wait(timeout=60)
 
 
+PRINT_DB_AND_SECRET = (
+    "from django.conf import settings; from relay import vault;"
+    "print(settings.DATABASES['default']['NAME']);"
+    "print(vault.read(vault.path_for('connections/puppet', '%s'))['token'])"
+)
+
+
+def test_manage_py_without_var_or_settings_says_how_to_run_it(tmp_path):
+    typed = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        env=outside_env(RELAY_VAR_DIR=str(tmp_path / "var")),
+        capture_output=True,
+        text=True,
+    )
+    assert typed.returncode == 1
+    assert typed.stderr.strip().splitlines() == [
+        'manage.py: no settings here: run `make run` once (it generates var/), use `make manage ARGS="…"`,'
+        " or set SECRET_KEY and TOKEN_PEPPERS (README, Configuration)."
+    ]
+
+
 def free_port_pair() -> int:
     """A port whose next one is free too (OpenBao's raft cluster port is VAULT_PORT + 1)."""
     while True:
@@ -128,6 +150,18 @@ def test_make_run_starts_everything_keeps_secrets_across_restarts_and_stops_clea
         )
         assert runs.json() == {"runs": []}
         assert requests.get(service.url("/admin/login/"), timeout=10).status_code == 200
+
+        # `python manage.py` typed in the checkout finds make run's var/: its database and
+        # its OpenBao (the connection's secret), with no environment of its own.
+        typed = subprocess.run(
+            [sys.executable, "manage.py", "shell", "-c", PRINT_DB_AND_SECRET % created.json()["id"]],
+            cwd=ROOT,
+            env=outside_env(RELAY_VAR_DIR=str(var), VAULT_PORT=ports["VAULT_PORT"]),
+            capture_output=True,
+            text=True,
+        )
+        assert typed.returncode == 0, typed.stderr
+        assert typed.stdout.split()[-2:] == [str(var / "relay.sqlite3"), token]
         assert requests.get(service.url("/static/admin/css/base.css"), timeout=10).status_code == 200
     finally:
         code = service.interrupt()
