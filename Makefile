@@ -23,7 +23,7 @@ run: $(VENV)/.installed
 createsuperuser: $(VENV)/.installed
 	$(BIN)/python -m relay.embedded manage createsuperuser
 
-# make manage ARGS="drf_create_token alice"
+# make manage ARGS="create_user_token alice"  (prints a new API token on its last line)
 manage: $(VENV)/.installed
 	$(BIN)/python -m relay.embedded manage $(ARGS)
 

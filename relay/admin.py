@@ -1,9 +1,11 @@
-"""What every token holder's admin shares: the token is shown once, on the page that answers
-the create or the regenerate, and a Vault failure is a message, never a half-saved row."""
+"""What every token's admin shares: the token is shown once, on the page that answers the
+create or the regenerate, and a Vault failure is a message, never a half-saved row. And the
+admin of user API tokens."""
 
 from urllib.parse import urlencode
 
 from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
@@ -12,9 +14,54 @@ from django.urls import path, reverse
 from django.views.decorators.debug import sensitive_variables
 
 from relay import tokens, vault
+from relay.models import UserToken
 
 
-class TokenHolderAdmin(admin.ModelAdmin):
+class RevealTokenOnceAdmin(admin.ModelAdmin):
+    """An admin whose add page answers with the new token, shown that once (_reveal)."""
+
+    token_hint = ""  # where the user puts the token, shown beside it
+
+    def response_add(
+        self, request: HttpRequest, obj: tokens.DigestToken, post_url_continue: str | None = None
+    ) -> HttpResponse:
+        token = getattr(request, "_relay_new_token", None)
+        if token is None:
+            return super().response_add(request, obj, post_url_continue)
+        return self._reveal(request, obj, token, created=True)
+
+    def _url(self, action: str, *args: object) -> str:
+        return reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_{action}", args=args)
+
+    def _context(self, request: HttpRequest, holder: tokens.DigestToken, **extra: object) -> dict:
+        return {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "original": holder,
+            "changelist_url": f"admin:{self.opts.app_label}_{self.opts.model_name}_changelist",
+            "change_url": self._url("change", holder.pk),
+            **extra,
+        }
+
+    def _reveal(
+        self, request: HttpRequest, holder: tokens.DigestToken, token: tokens.PlainToken, created: bool
+    ) -> HttpResponse:
+        """The one page that ever shows the token. It answers a POST, so there is no URL to
+        come back to; no-store keeps it out of the browser's cache."""
+        context = self._context(
+            request,
+            holder,
+            token=token,
+            created=created,
+            token_hint=self.token_hint,
+            title="Copy the token now",
+        )
+        response = TemplateResponse(request, "admin/relay/reveal_token.html", context)
+        response["Cache-Control"] = "no-store"
+        return response
+
+
+class TokenHolderAdmin(RevealTokenOnceAdmin):
     change_form_template = "admin/relay/token_change_form.html"
     search_fields = ["name", "description", "owner__username", "token_lookup"]
     autocomplete_fields = ["owner"]
@@ -22,7 +69,6 @@ class TokenHolderAdmin(admin.ModelAdmin):
     editable_fields: tuple[str, ...] = ("name", "description", "owner")
     # Fields of the add form kept when Vault fails and the form is shown again.
     add_form_fields: tuple[str, ...] = ("name", "description", "owner")
-    token_hint = ""  # where the user puts the token, shown beside it
 
     def get_fields(self, request: HttpRequest, obj: tokens.TokenHolder | None = None) -> list[str]:
         if obj is None:
@@ -66,33 +112,12 @@ class TokenHolderAdmin(admin.ModelAdmin):
             keep = {key: request.POST.get(key, "") for key in self.add_form_fields}
             return HttpResponseRedirect(f"{request.path}?{urlencode(keep)}")
 
-    def response_add(
-        self, request: HttpRequest, obj: tokens.TokenHolder, post_url_continue: str | None = None
-    ) -> HttpResponse:
-        token = getattr(request, "_relay_new_token", None)
-        if token is None:
-            return super().response_add(request, obj, post_url_continue)
-        return self._reveal(request, obj, token, created=True)
-
     def get_urls(self) -> list:
         name = f"{self.opts.app_label}_{self.opts.model_name}_regenerate"
         return [
             path("<uuid:object_id>/regenerate/", self.admin_site.admin_view(self.regenerate_view), name=name),
             *super().get_urls(),
         ]
-
-    def _url(self, action: str, *args: object) -> str:
-        return reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_{action}", args=args)
-
-    def _context(self, request: HttpRequest, holder: tokens.TokenHolder, **extra: object) -> dict:
-        return {
-            **self.admin_site.each_context(request),
-            "opts": self.opts,
-            "original": holder,
-            "changelist_url": f"admin:{self.opts.app_label}_{self.opts.model_name}_changelist",
-            "change_url": self._url("change", holder.pk),
-            **extra,
-        }
 
     @sensitive_variables("token")
     def regenerate_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
@@ -111,19 +136,40 @@ class TokenHolderAdmin(admin.ModelAdmin):
         self.log_change(request, holder, "Regenerated the token.")
         return self._reveal(request, holder, token, created=False)
 
-    def _reveal(
-        self, request: HttpRequest, holder: tokens.TokenHolder, token: tokens.PlainToken, created: bool
-    ) -> HttpResponse:
-        """The one page that ever shows the token. It answers a POST, so there is no URL to
-        come back to; no-store keeps it out of the browser's cache."""
-        context = self._context(
-            request,
-            holder,
-            token=token,
-            created=created,
-            token_hint=self.token_hint,
-            title="Copy the token now",
-        )
-        response = TemplateResponse(request, "admin/relay/reveal_token.html", context)
-        response["Cache-Control"] = "no-store"
-        return response
+
+@admin.register(UserToken)
+class UserTokenAdmin(RevealTokenOnceAdmin):
+    """User API tokens: the list shows their lookup part, never a token; adding one shows it
+    once; deleting one revokes it. Only a superuser makes one for someone else (a token is
+    that user's every right); other staff, with the add permission, for themselves."""
+
+    list_display = ["token_prefix", "owner", "name", "created", "last_used", "legacy"]
+    list_filter = ["legacy", "created", "last_used"]
+    list_select_related = ["owner"]
+    search_fields = ["name", "owner__username", "token_lookup"]
+    readonly_fields = ["token_prefix", "created", "last_used", "legacy"]
+    token_hint = "Send it as 'Authorization: Token <token>' (or 'Bearer <token>') to the API."
+
+    def get_fields(self, request: HttpRequest, obj: UserToken | None = None) -> list[str]:
+        return ["owner", "name"] if obj is None else ["owner", "name", *self.readonly_fields]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: UserToken | None = None) -> list[str]:
+        return [*self.readonly_fields, "owner"] if obj else []
+
+    def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, str]:
+        return {"owner": str(request.user.pk)}
+
+    def formfield_for_foreignkey(self, db_field: object, request: HttpRequest, **kwargs: object) -> object:
+        if getattr(db_field, "name", "") == "owner" and not request.user.is_superuser:
+            kwargs["queryset"] = get_user_model()._default_manager.filter(pk=request.user.pk)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+    @sensitive_variables("token")
+    def save_model(self, request: HttpRequest, obj: UserToken, form: object, change: bool) -> None:
+        if change:
+            obj.save()
+            return
+        request._relay_new_token = obj.issue_token()  # type: ignore[attr-defined]
+
+    def delete_model(self, request: HttpRequest, obj: UserToken) -> None:
+        obj.revoke()

@@ -144,7 +144,7 @@ def start_openbao(stack: Stack, env: dict[str, str]) -> None:
     client.sys.create_or_update_policy(
         APP_POLICY,
         f'path "{mount}/data/{prefix}/*" {{ capabilities = ["create", "read", "update"] }}\n'
-        f'path "{mount}/metadata/{prefix}/*" {{ capabilities = ["read", "list", "delete"] }}\n',
+        f'path "{mount}/metadata/{prefix}/*" {{ capabilities = ["read", "list", "update", "delete"] }}\n',
     )
     # A periodic token renews itself forever (relay.vault renews it) but can do nothing else.
     app_token = client.auth.token.create(policies=[APP_POLICY], period="24h", no_default_policy=False)
@@ -203,6 +203,10 @@ def base_env() -> dict[str, str]:
         env["TOKEN_PEPPERS_FILE"] = str(
             generated_secret(VAR_DIR / "token_peppers", lambda: f"1={secrets.token_urlsafe(48)}")
         )
+    if "RELAY_DEPLOYMENT_ID" not in env:
+        # Stable across restarts: it tags this checkout's Vault secrets (relay.vault).
+        path = generated_secret(VAR_DIR / "deployment_id", lambda: f"local-{secrets.token_hex(6)}")
+        env["RELAY_DEPLOYMENT_ID"] = path.read_text().strip()
     return env
 
 

@@ -6,6 +6,7 @@ A variable NAME that holds a secret may instead be given as NAME_FILE, a path to
 holding it (for Docker/Kubernetes secrets and systemd credentials).
 """
 
+import re
 from pathlib import Path
 
 import environ
@@ -74,7 +75,6 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "relay",
@@ -178,7 +178,7 @@ DEFAULT_EXCEPTION_REPORTER_FILTER = "relay.reporting.RelayExceptionReporterFilte
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # Token first so an anonymous API call gets 401 with WWW-Authenticate, not 403.
-        "rest_framework.authentication.TokenAuthentication",
+        "relay.api.authentication.UserTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -215,6 +215,12 @@ VAULT_PATH_PREFIX = env.str("VAULT_PATH_PREFIX", default="relay")
 VAULT_CACERT = env.str("VAULT_CACERT", default="")
 VAULT_NAMESPACE = env.str("VAULT_NAMESPACE", default="")
 VAULT_TIMEOUT = env.float("VAULT_TIMEOUT", default=5.0)
+# This deployment's name where deployments may share infrastructure (staging beside production):
+# its Vault secrets are tagged with it, and the reconciler deletes only orphans so tagged.
+# Empty: the reconciler deletes nothing. `make run` generates one into var/deployment_id.
+RELAY_DEPLOYMENT_ID = env.str("RELAY_DEPLOYMENT_ID", default="")
+if RELAY_DEPLOYMENT_ID and not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", RELAY_DEPLOYMENT_ID):
+    raise ImproperlyConfigured("RELAY_DEPLOYMENT_ID is 1-64 letters, digits, '.', '_' or '-'.")
 
 # Celery: no data depends on the broker (every task can be re-derived from the database),
 # so `make run` may fall back to a filesystem transport when no Redis is reachable.

@@ -2,8 +2,9 @@
 
 A token reads `<prefix>_<lookup><secret><checksum>`, all base62 after the prefix:
 
-- `prefix` names the kind (`rlyp` for a Puppet connection, `rlyt` for a push trigger), so
-  secret scanners can match leaked tokens with `rly[pt]_[0-9A-Za-z]{61}`;
+- `prefix` names the kind (`rlyp` for a Puppet connection, `rlyt` for a push trigger, `rlyu`
+  for a user's API token), so secret scanners can match leaked tokens with
+  `rly[a-z]_[0-9A-Za-z]{61}`;
 - `lookup` (12 characters) finds the row; it is not secret and is shown in listings;
 - `secret` (43 characters, 256 bits from `secrets`);
 - `checksum` (6 characters) is CRC32 of everything before it, so typos are rejected
@@ -22,11 +23,12 @@ import secrets
 import zlib
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Self
 
 from django.conf import settings
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import models, transaction
-from django.db.models.signals import post_delete
+from django.db.models.signals import class_prepared, post_delete
 from django.dispatch import receiver
 from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
@@ -105,16 +107,11 @@ def digest(token: str, pepper_id: int) -> str:
 _DUMMY_DIGEST = "0" * 64
 
 
-class TokenHolder(models.Model):
-    """A row that authenticates requests with a token of kind TOKEN_PREFIX, and keeps the
-    plain token in Vault at `<VAULT_PATH_PREFIX>/<VAULT_KIND>/<id>` (key `token`; other keys
-    of that secret belong to the subclass and are kept across regenerates).
-
-    Subclasses have a UUID `id`, an `owner` (the user the requests act for, loaded with the
-    row) and `token_regenerated_at`."""
+class DigestToken(models.Model):
+    """A row found by a token of kind TOKEN_PREFIX, which it keeps only as lookup part and
+    digest. Subclasses have an `owner` (the user requests act for, loaded with the row)."""
 
     TOKEN_PREFIX: str = ""
-    VAULT_KIND: str = ""
 
     token_lookup = models.CharField(max_length=LOOKUP_LENGTH, unique=True, editable=False)
     token_digest = models.CharField(max_length=64, editable=False)
@@ -129,67 +126,27 @@ class TokenHolder(models.Model):
         """The part of the token that may be shown: kind and lookup."""
         return f"{self.TOKEN_PREFIX}_{self.token_lookup}" if self.token_lookup else ""
 
-    @property
-    def vault_path(self) -> str:
-        return vault.path_for(self.VAULT_KIND, self.pk)
-
-    @sensitive_variables("token", "secret")
-    def issue_token(self, secret: dict[str, str] | None = None) -> PlainToken:
-        """Save the row with a new token and store the token in Vault (with `secret`'s other
-        keys, on create).
-
-        Call inside transaction.atomic(): the row is written first (so constraint errors come
-        before Vault is touched), Vault last. If Vault fails, VaultUnavailable propagates and
-        the caller's transaction rolls the row back, leaving nothing half done."""
-        creating = self._state.adding
-        token = generate(self.TOKEN_PREFIX)
-        self.set_token(token)
-        if not creating:
-            self.token_regenerated_at = timezone.now()
-        self.save()
-        # Check-and-set: create only if absent; replace only the version we have just read.
-        current, version = ({}, 0) if creating else vault.read_with_version(self.vault_path)
-        vault.write(self.vault_path, {**current, **(secret or {}), "token": token}, cas=version)
-        return token
-
-    @classmethod
-    def create_with_token(
-        cls, owner: AbstractBaseUser, secret: dict[str, str] | None = None, **fields: object
-    ) -> "tuple[TokenHolder, PlainToken]":
-        holder = cls(owner=owner, **fields)
-        with transaction.atomic():
-            token = holder.issue_token(secret)
-        log.info("%s %s created for user %s", cls._meta.verbose_name, holder.pk, owner.pk)
-        return holder, token
-
-    def regenerate_token(self) -> PlainToken:
-        """A new token replaces the old, which stops working when this commits.
-
-        The row lock serialises concurrent regenerates, so exactly one token survives: the
-        last to commit, which is also the newest version in Vault."""
-        with transaction.atomic():
-            locked = type(self)._default_manager.select_for_update().get(pk=self.pk)
-            token = locked.issue_token()
-        for field in ("token_lookup", "token_digest", "token_pepper_id", "token_regenerated_at"):
-            setattr(self, field, getattr(locked, field))
-        log.info("%s %s token regenerated", self._meta.verbose_name, self.pk)
-        return token
-
     def set_token(self, token: str) -> None:
-        parsed = parse(token, self.TOKEN_PREFIX)
-        assert parsed is not None, "set_token() takes tokens made by generate()"
-        self.token_lookup = parsed.lookup
+        lookup = self.lookup_of(token)
+        assert lookup is not None, "set_token() takes tokens made by generate()"
+        self.token_lookup = lookup
         self.token_pepper_id = current_pepper_id()
         self.token_digest = digest(token, self.token_pepper_id)
 
     @classmethod
-    def for_token(cls, raw: str) -> "TokenHolder | None":
+    def lookup_of(cls, raw: str) -> str | None:
+        """The lookup part of a well-formed token of this kind, else None."""
+        parsed = parse(raw, cls.TOKEN_PREFIX)
+        return parsed.lookup if parsed else None
+
+    @classmethod
+    def for_token(cls, raw: str) -> "Self | None":
         """The row this token belongs to, or None. Unknown, malformed and wrong tokens are
         indistinguishable to the caller. Marks the row used (at most once a minute)."""
-        parsed = parse(raw, cls.TOKEN_PREFIX)
-        if parsed is None:
+        lookup = cls.lookup_of(raw)
+        if lookup is None:
             return None
-        holder = cls._default_manager.select_related("owner").filter(token_lookup=parsed.lookup).first()
+        holder = cls._default_manager.select_related("owner").filter(token_lookup=lookup).first()
         if holder is None or holder.token_pepper_id not in settings.TOKEN_PEPPERS:
             hmac.compare_digest(digest(raw, current_pepper_id()), _DUMMY_DIGEST)
             return None
@@ -219,16 +176,82 @@ class TokenHolder(models.Model):
             setattr(self, field, value)
 
 
-@receiver(post_delete)
-def _delete_vault_secret(sender: type, instance: object, **kwargs: object) -> None:
+class TokenHolder(DigestToken):
+    """A token holder whose plain token is also kept in Vault, at
+    `<VAULT_PATH_PREFIX>/<VAULT_KIND>/<id>` (key `token`; other keys of that secret belong to
+    the subclass and are kept across regenerates), for the workflow steps that use it.
+
+    Subclasses have a UUID `id`, an `owner` and `token_regenerated_at`."""
+
+    VAULT_KIND: str = ""
+
+    class Meta:
+        abstract = True
+
+    @property
+    def vault_path(self) -> str:
+        return vault.path_for(self.VAULT_KIND, self.pk)
+
+    @sensitive_variables("token", "secret")
+    def issue_token(self, secret: dict[str, str] | None = None) -> PlainToken:
+        """Save the row with a new token and store the token in Vault (with `secret`'s other
+        keys, on create).
+
+        Call inside transaction.atomic(): the row is written first (so constraint errors come
+        before Vault is touched), Vault last. If Vault fails, VaultUnavailable propagates and
+        the caller's transaction rolls the row back, leaving nothing half done."""
+        creating = self._state.adding
+        token = generate(self.TOKEN_PREFIX)
+        self.set_token(token)
+        if not creating:
+            self.token_regenerated_at = timezone.now()
+        self.save()
+        # Check-and-set: create only if absent; replace only the version we have just read.
+        current, version = ({}, 0) if creating else vault.read_with_version(self.vault_path)
+        vault.write(self.vault_path, {**current, **(secret or {}), "token": token}, cas=version)
+        return token
+
+    @classmethod
+    def create_with_token(
+        cls, owner: AbstractBaseUser, secret: dict[str, str] | None = None, **fields: object
+    ) -> "tuple[Self, PlainToken]":
+        holder = cls(owner=owner, **fields)
+        with transaction.atomic():
+            token = holder.issue_token(secret)
+        log.info("%s %s created for user %s", cls._meta.verbose_name, holder.pk, owner.pk)
+        return holder, token
+
+    def regenerate_token(self) -> PlainToken:
+        """A new token replaces the old, which stops working when this commits.
+
+        The row lock serialises concurrent regenerates, so exactly one token survives: the
+        last to commit, which is also the newest version in Vault."""
+        with transaction.atomic():
+            locked = type(self)._default_manager.select_for_update().get(pk=self.pk)
+            token = locked.issue_token()
+        for field in ("token_lookup", "token_digest", "token_pepper_id", "token_regenerated_at"):
+            setattr(self, field, getattr(locked, field))
+        log.info("%s %s token regenerated", self._meta.verbose_name, self.pk)
+        return token
+
+
+@receiver(class_prepared)
+def _connect_vault_cleanup(sender: type, **kwargs: object) -> None:
+    """Listen for deletes of token holders only: a post_delete receiver for every model
+    would stop Django's fast delete (one DELETE, rows never loaded) for all of them."""
+    if issubclass(sender, TokenHolder) and not sender._meta.abstract:
+        post_delete.connect(
+            _delete_vault_secret, sender=sender, dispatch_uid=f"vault-cleanup-{sender._meta.label}"
+        )
+
+
+def _delete_vault_secret(sender: type, instance: TokenHolder, **kwargs: object) -> None:
     """A deleted holder's secret goes too.
 
     A signal, not delete(), so admin bulk deletes and cascades from a deleted user count too.
     After commit, so a rolled-back delete keeps its secret. If Vault is down then, the token
     has stopped working anyway (its digest is gone) and relay.tasks.reconcile_vault_secrets
     removes the secret later."""
-    if not isinstance(instance, TokenHolder):
-        return
     path = instance.vault_path
 
     def purge() -> None:

@@ -5,8 +5,13 @@ Secrets live at `<VAULT_MOUNT_POINT>/<VAULT_PATH_PREFIX>/<kind>/<id>`, for examp
 `{"token": "rlyp_…"}`. Authentication is VAULT_TOKEN, or AppRole (VAULT_ROLE_ID and
 VAULT_SECRET_ID); the client renews its token before it runs out, or logs in again.
 
+Every secret carries this deployment's id (RELAY_DEPLOYMENT_ID) in its KV v2 custom metadata
+(`relay_deployment`), so that deployments sharing one Vault and prefix (staging beside
+production) can tell their secrets apart: the reconciler deletes only its own.
+
 Every failure (unreachable, sealed, forbidden, check-and-set lost) is raised as
-VaultUnavailable with a sentence a user can act on.
+VaultUnavailable with a sentence a user can act on. Those sentences reach API users, so they
+never say where Vault is: the log does.
 """
 
 import logging
@@ -16,6 +21,7 @@ from typing import Any
 
 import hvac
 import hvac.exceptions
+import hvac.utils
 import requests
 from django.conf import settings
 
@@ -100,23 +106,64 @@ def _call(action: str, func: Any) -> Any:
         raise VaultUnavailable(f"Vault answered with an error; could not {action}.") from exc
     except requests.RequestException as exc:
         reset()
-        raise VaultUnavailable(f"Vault at {settings.VAULT_ADDR} is unreachable; could not {action}.") from exc
+        log.warning("vault at %s is unreachable: %s", settings.VAULT_ADDR, exc)
+        raise VaultUnavailable(f"Vault is unreachable; could not {action}.") from exc
 
 
 def path_for(kind: str, object_id: object) -> str:
     return f"{settings.VAULT_PATH_PREFIX}/{kind}/{object_id}"
 
 
+DEPLOYMENT_KEY = "relay_deployment"
+
+
 def write(path: str, data: dict[str, str], cas: int) -> int:
-    """Write a new version only if the newest is `cas` (0: only if none exists). Returns it."""
+    """Write a new version only if the newest is `cas` (0: only if none exists). Returns it.
+
+    The secret is tagged with this deployment's id. A new one is tagged after its first
+    version, because it is check-and-set that keeps someone else's secret at the same path
+    safe (if the tag then fails, the new secret is deleted again); an existing one is ours
+    (our row points at it), and is tagged first, so a secret from before the tags gets one."""
 
     def put(client: hvac.Client) -> int:
+        if cas:
+            _tag(client, path)
         result = client.secrets.kv.v2.create_or_update_secret(
             path=path, secret=data, cas=cas, mount_point=settings.VAULT_MOUNT_POINT
         )
+        if not cas:
+            try:
+                _tag(client, path)
+            except Exception:
+                _delete_quietly(client, path)
+                raise
         return int(result["data"]["version"])
 
     return _call("store a secret", put)
+
+
+def _tag(client: hvac.Client, path: str) -> None:
+    if not settings.RELAY_DEPLOYMENT_ID:
+        return  # nothing to tell apart; the reconciler deletes nothing (relay.tasks)
+    # A POST of custom_metadata alone (hvac's update_metadata also resets delete_version_after).
+    client.adapter.post(
+        hvac.utils.format_url("/v1/{mount}/metadata/{path}", mount=settings.VAULT_MOUNT_POINT, path=path),
+        json={"custom_metadata": {DEPLOYMENT_KEY: settings.RELAY_DEPLOYMENT_ID}},
+    )
+
+
+def _delete_quietly(client: hvac.Client, path: str) -> None:
+    try:
+        client.secrets.kv.v2.delete_metadata_and_all_versions(
+            path=path, mount_point=settings.VAULT_MOUNT_POINT
+        )
+    except (hvac.exceptions.VaultError, requests.RequestException) as exc:
+        log.warning("vault secret %s was written but not tagged, nor deleted: %s", path, exc)
+
+
+def deployment_of(metadata: dict[str, Any]) -> str | None:
+    """The deployment a secret's metadata (from metadata()) names; None when untagged."""
+    return (metadata.get("custom_metadata") or {}).get(DEPLOYMENT_KEY)
 
 
 def read_with_version(path: str) -> tuple[dict[str, str], int]:

@@ -6,11 +6,11 @@ import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
 from relay_bridge.api import RelayClient
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from puppet_connection.models import PuppetConnection
 from relay import vault
+from relay.models import UserToken
 from tests.bao import BaoDevServer
 from tests.bridge_helpers import Service
 from tests.sshd import Sshd
@@ -101,9 +101,9 @@ def staff(db) -> User:
 
 
 def api_token_for(user: User) -> str:
-    """A user API token, as `Authorization: Token <token>` takes it."""
-    token, _ = Token.objects.get_or_create(user=user)
-    return token.key
+    """A new user API token (`rlyu_…`), as `Authorization: Token <token>` takes it."""
+    _, token = UserToken.create_for(user)
+    return str(token)
 
 
 def client_for(user: User) -> APIClient:

@@ -120,23 +120,21 @@ def test_make_run_starts_everything_keeps_secrets_across_restarts_and_stops_clea
         assert "single-machine use only" in text
         assert f"http://127.0.0.1:{ports['PORT']}/admin/" in text and "createsuperuser" in text
 
-        for name in ("openbao/init.json", "openbao/app-token", "secret_key", "token_peppers"):
+        for name in (
+            "openbao/init.json",
+            "openbao/app-token",
+            "secret_key",
+            "token_peppers",
+            "deployment_id",
+        ):
             assert stat.S_IMODE((var / name).stat().st_mode) == 0o600, name
         assert (var / "relay.sqlite3").exists()  # SQLite under var/ by default
 
-        key = (
-            service.manage(
-                "shell",
-                "-c",
-                (
-                    "from django.contrib.auth.models import User;"
-                    "from rest_framework.authtoken.models import Token;"
-                    "u = User.objects.create_user('ops'); print(Token.objects.create(user=u).key)"
-                ),
-            )
-            .strip()
-            .splitlines()[-1]
-        )  # shell may print its auto-import notice first
+        service.manage(
+            "shell", "-c", "from django.contrib.auth.models import User; User.objects.create_user('ops')"
+        )
+        key = service.manage("create_user_token", "ops").strip().splitlines()[-1]
+        assert key.startswith("rlyu_")
         created = requests.post(
             service.url("/api/connections/puppet/"),
             json={"name": "prod"},

@@ -31,6 +31,7 @@ def production(tmp_path) -> dict[str, str]:
         "SECURE_HSTS_INCLUDE_SUBDOMAINS": "true",
         "SECURE_HSTS_PRELOAD": "true",
         "VAULT_ADDR": "https://vault.example.com:8200",
+        "RELAY_DEPLOYMENT_ID": "production",
     }
 
 
@@ -38,6 +39,17 @@ def test_check_deploy_passes_with_production_values(production):
     result = manage(["check", "--deploy", "--fail-level", "WARNING"], **production)
     assert result.returncode == 0, result.stderr
     assert "no issues" in result.stdout
+
+
+def test_check_deploy_warns_without_a_deployment_id(production):
+    del production["RELAY_DEPLOYMENT_ID"]
+    result = manage(["check", "--deploy", "--fail-level", "WARNING"], **production)
+    assert result.returncode != 0 and "relay.W001" in result.stderr and "RELAY_DEPLOYMENT_ID" in result.stderr
+
+
+def test_a_malformed_deployment_id_is_refused(production):
+    result = manage(["check"], **{**production, "RELAY_DEPLOYMENT_ID": "prod/../x"})
+    assert result.returncode != 0 and "RELAY_DEPLOYMENT_ID is 1-64" in result.stderr
 
 
 def test_a_missing_secret_key_stops_the_service_outside_debug(production):

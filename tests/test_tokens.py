@@ -67,3 +67,38 @@ def test_a_digest_whose_pepper_was_retired_no_longer_verifies(connection, settin
     settings.TOKEN_PEPPERS = {2: b"second-pepper-0123456789abcdefghijkl"}
     assert PuppetConnection.for_token(token) is None
     assert bridge(token).get("/_puppet/runs").status_code == 401
+
+
+def test_deleting_rows_of_other_models_keeps_django_s_fast_delete(db):
+    # Django deletes related rows with one DELETE, without loading them, only when no delete
+    # signal listens for their model: the Vault receiver must listen to token holders alone.
+    from django.contrib.auth.models import Group, Permission, User
+    from django.db import connection
+    from django.db.models.signals import post_delete
+    from django.test.utils import CaptureQueriesContext
+
+    from triggers.models import Trigger
+
+    assert post_delete.has_listeners(PuppetConnection) and post_delete.has_listeners(Trigger)
+    group = Group.objects.create(name="ops")
+    group.permissions.set(Permission.objects.all()[:20])
+    User.objects.create_user("carol").groups.add(group)
+    with CaptureQueriesContext(connection) as queries:
+        Group.objects.filter(pk=group.pk).delete()
+    loaded = [
+        q["sql"] for q in queries if q["sql"].startswith("SELECT") and "auth_group_permissions" in q["sql"]
+    ]
+    assert loaded == []
+    assert not post_delete.has_listeners(Permission.group_set.through)
+
+
+def test_deleting_a_user_deletes_the_secrets_of_everything_they_own(
+    alice, bao, django_capture_on_commit_callbacks
+):
+    from triggers.models import Trigger
+
+    conn, _ = PuppetConnection.create_with_token(owner=alice, name="prod")
+    trigger, _ = Trigger.create_with_token(owner=alice, name="prod")
+    with django_capture_on_commit_callbacks(execute=True):
+        alice.delete()
+    assert bao.read(conn.vault_path) is None and bao.read(trigger.vault_path) is None

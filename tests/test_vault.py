@@ -1,7 +1,9 @@
 import logging
+import re
 import time
 import uuid
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -14,11 +16,13 @@ from puppet_connection.models import PuppetConnection
 from relay import vault
 from relay.tasks import delete_orphan_secrets, reconcile_vault_secrets
 from tests.conftest import bridge, client_for, point_vault_at, run_concurrently
+from tests.test_connection_api import vault_keys
+from triggers.models import Trigger
 
 URL = "/api/connections/puppet/"
 APP_POLICY = """
 path "secret/data/relay/*" { capabilities = ["create", "read", "update"] }
-path "secret/metadata/relay/*" { capabilities = ["read", "list", "delete"] }
+path "secret/metadata/relay/*" { capabilities = ["read", "list", "update", "delete"] }
 """
 
 
@@ -200,3 +204,104 @@ def test_a_wrong_approle_secret_is_a_clear_error(alice, bao):
     with pytest.raises(vault.VaultUnavailable):
         PuppetConnection.create_with_token(owner=alice, name="x")
     assert PuppetConnection.objects.count() == 0
+
+
+def test_a_vault_outage_does_not_tell_api_users_where_vault_is(alice_api, own_bao, caplog):
+    own_bao.stop()
+    response = alice_api.post(URL, {"name": "prod"}, format="json")
+    assert response.status_code == 503 and "unreachable" in response.json()["detail"]
+    shown = response.content.decode()
+    assert own_bao.addr not in shown and str(own_bao.port) not in shown and "127.0.0.1" not in shown
+    assert own_bao.addr in caplog.text  # the operator's log says where
+
+
+def deployment_tag(bao, path: str) -> dict | None:
+    return bao.root().secrets.kv.v2.read_secret_metadata(path, mount_point="secret")["data"][
+        "custom_metadata"
+    ]
+
+
+def test_secrets_are_tagged_with_the_deployment_and_keep_it_when_rewritten(alice, bao, settings):
+    settings.RELAY_DEPLOYMENT_ID = "production"
+    conn, _ = PuppetConnection.create_with_token(owner=alice, name="prod")
+    trigger, _ = Trigger.create_with_token(owner=alice, name="prod")
+    assert deployment_tag(bao, conn.vault_path) == {"relay_deployment": "production"}
+    assert deployment_tag(bao, trigger.vault_path) == {"relay_deployment": "production"}
+    conn.regenerate_token()
+    assert deployment_tag(bao, conn.vault_path) == {"relay_deployment": "production"}
+
+
+def test_a_secret_from_before_the_tags_is_tagged_when_it_is_next_written(alice, bao, settings):
+    settings.RELAY_DEPLOYMENT_ID = "production"
+    conn, _ = PuppetConnection.create_with_token(owner=alice, name="prod")
+    bao.root().secrets.kv.v2.update_metadata(conn.vault_path, custom_metadata={}, mount_point="secret")
+    conn.regenerate_token()
+    assert deployment_tag(bao, conn.vault_path) == {"relay_deployment": "production"}
+
+
+def test_the_reconciler_deletes_only_its_own_deployment_s_orphans(alice, bao, settings, caplog):
+    # Production and staging share one Vault and one VAULT_PATH_PREFIX.
+    settings.RELAY_DEPLOYMENT_ID = "production"
+    production = [
+        PuppetConnection.create_with_token(owner=alice, name="prod")[0],
+        Trigger.create_with_token(owner=alice, name="prod")[0],
+    ]
+    settings.RELAY_DEPLOYMENT_ID = "staging"
+    staging = [
+        PuppetConnection.create_with_token(owner=alice, name="staging")[0],
+        Trigger.create_with_token(owner=alice, name="staging")[0],
+    ]
+    untagged = f"relay/connections/puppet/{uuid.uuid4()}"  # written before deployments had tags
+    bao.root().secrets.kv.v2.create_or_update_secret(untagged, {"token": "old"}, mount_point="secret")
+    # Staging's database holds none of production's rows, and its own are gone (deleted
+    # while Vault was down: the commit hooks that delete their secrets never ran).
+    PuppetConnection.objects.all().delete()
+    Trigger.objects.all().delete()
+
+    assert delete_orphan_secrets(timezone.now() + timedelta(minutes=11)) >= 2
+    for holder in staging:
+        assert bao.read(holder.vault_path) is None
+    for holder in production:
+        assert bao.read(holder.vault_path) is not None
+    assert bao.read(untagged) == {"token": "old"}
+    assert f"{untagged} left alone: it has no deployment tag" in caplog.text
+
+
+def test_without_a_deployment_id_the_reconciler_deletes_nothing(alice, bao, settings, caplog):
+    conn, _ = PuppetConnection.create_with_token(owner=alice, name="prod")
+    PuppetConnection.objects.all().delete()
+    settings.RELAY_DEPLOYMENT_ID = ""
+    assert delete_orphan_secrets(timezone.now() + timedelta(minutes=11)) == 0
+    assert bao.read(conn.vault_path) is not None
+    assert "RELAY_DEPLOYMENT_ID is not set" in caplog.text
+
+
+def test_the_readme_s_policy_is_enough_for_everything_the_service_does(
+    alice, bao, django_capture_on_commit_callbacks
+):
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    documented = re.search(r"# relay.hcl\n(.*?)```", readme, re.S).group(1)
+    assert re.sub(r"\s+", " ", documented).strip() == re.sub(r"\s+", " ", APP_POLICY).strip()
+    point_vault_at(bao, bao.token_with_policy("relay-app", APP_POLICY))
+    conn, _ = PuppetConnection.create_with_token(owner=alice, name="prod")
+    conn.regenerate_token()
+    trigger, _ = Trigger.create_with_token(owner=alice, name="prod")
+    trigger.set_slack_webhook("https://hooks.slack.com/services/T000/B000/XXXXXXXX")
+    assert deployment_tag(bao, trigger.vault_path) == {"relay_deployment": "tests"}
+    Trigger.objects.filter(pk=trigger.pk).delete()  # its secret left for the reconciler
+    assert delete_orphan_secrets(timezone.now() + timedelta(minutes=11)) >= 1
+    assert bao.read(trigger.vault_path) is None
+    with django_capture_on_commit_callbacks(execute=True):
+        conn.delete()
+    assert bao.read(conn.vault_path) is None
+
+
+def test_a_secret_that_cannot_be_tagged_is_not_kept(alice_api, bao):
+    # An older policy, without `update` on the metadata: the write works, the tag does not.
+    old_policy = APP_POLICY.replace('"list", "update", "delete"', '"list", "delete"')
+    point_vault_at(bao, bao.token_with_policy("relay-old", old_policy))
+    before = vault_keys(bao)
+    response = alice_api.post(URL, {"name": "prod"}, format="json")
+    assert response.status_code == 503 and "permission" in response.json()["detail"]
+    assert PuppetConnection.objects.count() == 0
+    assert vault_keys(bao) == before

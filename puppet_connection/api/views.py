@@ -10,7 +10,7 @@ from relay.api.views import TokenHolderViewSet
     regenerate=extend_schema(request=None, responses={200: PuppetConnectionTokenSerializer}),
 )
 class PuppetConnectionViewSet(TokenHolderViewSet):
-    """`puppet` connections. Users see their own; staff see everyone's."""
+    """`puppet` connections. Users manage their own; anyone else's need the admin's permissions."""
 
     queryset = PuppetConnection.objects.none()  # the model, for the schema; get_queryset() scopes
     serializer_class = PuppetConnectionSerializer

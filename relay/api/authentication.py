@@ -1,10 +1,14 @@
-"""Token authentication for the machine endpoints: `/_puppet/*` (connection tokens) and
-`/api/events` (trigger tokens, from the triggers app).
+"""Token authentication.
 
-Accepted as `Authorization: Bearer <token>`, or HTTP Basic with the token as the password
-(any user name), because Puppet's http report processor can only send Basic. Everything
-else (no header, another scheme, garbled base64, a bad checksum, an unknown or revoked token)
-is a 401 with WWW-Authenticate; nothing here raises past DRF.
+The machine endpoints, `/_puppet/*` (connection tokens) and `/api/events` (trigger tokens),
+take `Authorization: Bearer <token>`, or HTTP Basic with the token as the password (any user
+name), because Puppet's http report processor can only send Basic. Everything else (no
+header, another scheme, garbled base64, a bad checksum, an unknown or revoked token) is a 401
+with WWW-Authenticate; nothing here raises past DRF.
+
+The user endpoints take a user API token (`rlyu_…`) as `Token <token>` or `Bearer <token>`.
+Each kind of endpoint knows only its own kind of token, by the token's prefix: a user token
+never opens a machine endpoint, and a connection's or trigger's token never a user one.
 """
 
 import base64
@@ -17,6 +21,7 @@ from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication
 from rest_framework.request import Request
 
+from relay.models import UserToken
 from relay.tokens import TokenHolder
 
 # Longer than any token with its scheme, so junk is refused before it is decoded.
@@ -87,3 +92,27 @@ class ConnectionTokenAuthentication(HolderTokenAuthentication):
 
 class TriggerTokenAuthentication(HolderTokenAuthentication):
     holder_model_label = "triggers.Trigger"
+
+
+class UserTokenAuthentication(BaseAuthentication):
+    """request.user is the token's owner; request.auth is the UserToken. Another scheme (or
+    none) is left to the next authenticator, the admin's session."""
+
+    SCHEMES = ("token", "bearer")
+
+    @sensitive_variables("header", "credentials")
+    def authenticate(self, request: Request) -> tuple[object, UserToken] | None:
+        header = request.META.get("HTTP_AUTHORIZATION", "")
+        scheme, _, credentials = header.strip().partition(" ")
+        if scheme.lower() not in self.SCHEMES:
+            return None
+        credentials = credentials.strip()
+        if len(header) > MAX_HEADER_LENGTH or not credentials or " " in credentials:
+            raise exceptions.AuthenticationFailed("Malformed Authorization header.")
+        user_token = UserToken.for_token(credentials)
+        if user_token is None or not user_token.owner.is_active:
+            raise exceptions.AuthenticationFailed("Invalid token.")
+        return user_token.owner, user_token
+
+    def authenticate_header(self, request: Request) -> str:
+        return "Token"

@@ -1,6 +1,7 @@
 from typing import Any
 
-from django.db import IntegrityError, models
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.db import IntegrityError, models, transaction
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -65,14 +66,23 @@ class TokenHolderSerializer(StrictModelSerializer):
     token_prefix = serializers.CharField(read_only=True)
 
     def validate_name(self, name: str) -> str:
-        taken = self.Meta.model._default_manager.filter(owner=self.context["request"].user, name=name)
+        # Unique per owner: the holder's owner when it is renamed (perhaps by staff), the
+        # requester when it is created.
+        owner = self.instance.owner if self.instance is not None else self.context["request"].user
+        taken = self.Meta.model._default_manager.filter(owner=owner, name=name)
         if self.instance is not None:
             taken = taken.exclude(pk=self.instance.pk)
         if taken.exists():
-            raise serializers.ValidationError(
-                f"You already have a {self.Meta.model._meta.verbose_name} with this name.", "unique"
-            )
+            raise serializers.ValidationError(self.name_taken(owner), "unique")
         return name
+
+    def name_taken(self, owner: AbstractBaseUser) -> str:
+        who = (
+            "You already have"
+            if owner == self.context["request"].user
+            else f"{owner.get_username()} already has"
+        )
+        return f"{who} a {self.Meta.model._meta.verbose_name} with this name."
 
     def pop_secret(self, validated_data: dict[str, Any]) -> dict[str, str]:
         """Values that belong in the holder's Vault secret, not its row (none by default)."""
@@ -88,10 +98,18 @@ class TokenHolderSerializer(StrictModelSerializer):
         except IntegrityError:
             # Lost a race with a concurrent create of the same name.
             raise serializers.ValidationError(
-                {"name": [f"You already have a {model._meta.verbose_name} with this name."]}, "unique"
+                {"name": [self.name_taken(self.context["request"].user)]}, "unique"
             ) from None
         self.context["token"] = token
         return holder
+
+    def update(self, instance: Any, validated_data: dict[str, Any]) -> Any:
+        try:
+            with transaction.atomic():
+                return super().update(instance, validated_data)
+        except IntegrityError:
+            # Lost a race with a concurrent rename to the same name.
+            raise serializers.ValidationError({"name": [self.name_taken(instance.owner)]}, "unique") from None
 
 
 @extend_schema_field(OpenApiTypes.STR)

@@ -2,9 +2,11 @@ from django.db.models import QuerySet
 from django.views.decorators.debug import sensitive_variables
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from relay.api.permissions import OwnerOrModelPermission, visible_to
 from relay.tokens import TokenHolder
 
 # The token is in the body: no cache on the way may keep a copy.
@@ -19,19 +21,18 @@ class TokenHolderViewSet(
     mixins.DestroyModelMixin,
     viewsets.GenericViewSet,
 ):
-    """Connections or triggers: users see their own, staff see everyone's. Create answers the
-    new token once; `regenerate` replaces it. Subclasses set queryset, serializer_class and
-    token_serializer_class (the same with a TokenField)."""
+    """Connections or triggers: users manage their own; anyone else's need the admin's
+    permissions (relay.api.permissions). Create answers the new token once; `regenerate`
+    replaces it. Subclasses set queryset, serializer_class and token_serializer_class (the
+    same with a TokenField)."""
 
     token_serializer_class: type
     lookup_value_converter = "uuid"
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+    permission_classes = [IsAuthenticated, OwnerOrModelPermission]
 
     def get_queryset(self) -> QuerySet[TokenHolder]:
-        holders = self.queryset.model._default_manager.select_related("owner")
-        if self.request.user.is_staff:
-            return holders
-        return holders.filter(owner=self.request.user)
+        return visible_to(self.request.user, self.queryset.model._default_manager.select_related("owner"))
 
     @sensitive_variables("serializer")
     def create(self, request: Request, *args: object, **kwargs: object) -> Response:

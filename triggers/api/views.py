@@ -8,7 +8,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from relay.api.authentication import TriggerTokenAuthentication
-from relay.api.permissions import IsTrigger
+from relay.api.permissions import IsTrigger, may_for_all
 from relay.api.views import TokenHolderViewSet
 from triggers.api.serializers import (
     EventListSerializer,
@@ -25,7 +25,7 @@ from triggers.models import Event, EventState, Trigger
     regenerate=extend_schema(request=None, responses={200: TriggerTokenSerializer}),
 )
 class TriggerViewSet(TokenHolderViewSet):
-    """Push triggers. Users see their own; staff see everyone's."""
+    """Push triggers. Users manage their own; anyone else's need the admin's permissions."""
 
     queryset = Trigger.objects.none()  # the model, for the schema; get_queryset() scopes
     serializer_class = TriggerSerializer
@@ -60,7 +60,7 @@ class EventIngestView(APIView):
     )
 )
 class EventViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    """A trigger's events, newest first, to its owner (and staff)."""
+    """A trigger's events, newest first, to its owner and to staff who may view events."""
 
     queryset = Event.objects.none()  # the model, for the schema; get_queryset() scopes
     serializer_class = EventSerializer
@@ -70,12 +70,17 @@ class EventViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
         return EventListSerializer if self.action == "list" else EventSerializer
 
     def get_queryset(self) -> QuerySet[Event]:
-        triggers = (
-            Trigger.objects.all()
-            if self.request.user.is_staff
-            else Trigger.objects.filter(owner=self.request.user)
-        )
-        trigger = triggers.filter(pk=self.kwargs["trigger_pk"]).first()
+        # Another user's events need the admin's permission to view events (their reports,
+        # bodies and parts); seeing their trigger is not enough.
+        user = self.request.user
+        trigger = Trigger.objects.filter(pk=self.kwargs["trigger_pk"]).first()
+        if trigger is not None and trigger.owner_id != user.pk and not may_for_all(user, "view", Event):
+            if not may_for_all(user, "view", Trigger):
+                trigger = None  # they may not know it exists
+            else:
+                raise exceptions.PermissionDenied(
+                    "Reading another user's events needs the permission to view events."
+                )
         if trigger is None:
             raise exceptions.NotFound("No such trigger.")
         events = Event.objects.filter(trigger=trigger)
