@@ -179,6 +179,13 @@ def test_bad_bodies_are_4xx_problems(token, settings):
     assert_problem(bridge("rlyp_bad").get(RUNS), 401)
 
 
+def test_a_body_over_the_limit_is_413_even_past_django_s_own_cap(token, settings):
+    body = json.dumps({"scope": {"nodes": ["a"]}, "x": "y" * (3 * 1024 * 1024)})
+    assert len(body) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE > settings.API_MAX_BODY_BYTES
+    problem = assert_problem(bridge(token).generic("POST", RUNS, body, content_type="application/json"), 413)
+    assert str(settings.API_MAX_BODY_BYTES) in problem["detail"]
+
+
 def test_pe_needs_an_environment_and_open_source_only_runs_on_nodes(token, connection):
     conn, _ = connection
     pe = bridge(token)
@@ -334,9 +341,11 @@ def test_run_results_over_the_cap_are_stored_and_the_run_keeps_a_summary(token, 
     complete the run: the full results go to storage, the run keeps a summary and a link."""
     run = create_run(token)
     accept(token, run["id"])
-    results = fleet_results(600)
+    results = fleet_results(800)
     size = len(json.dumps(results, separators=(",", ":")).encode())
+    # Over the cap, over other requests' body limit, and over Django's own (2.5 MiB).
     assert size > settings.RUN_RESULTS_MAX_BYTES and size > settings.API_MAX_BODY_BYTES
+    assert size > settings.DATA_UPLOAD_MAX_MEMORY_SIZE
     final = {"status": "complete", "outcome": "failed", "job_id": "81", "run_results": results}
 
     done = put_state(token, run["id"], final)
@@ -350,9 +359,9 @@ def test_run_results_over_the_cap_are_stored_and_the_run_keeps_a_summary(token, 
     assert summary["job"] == {"name": "81", "state": "finished"}  # small values as they are
     assert summary["nodes"] == {
         "omitted": "list",
-        "items": 600,
+        "items": 800,
         "bytes": len(json.dumps(results["nodes"], separators=(",", ":")).encode()),
-        "states": {"finished": 588, "failed": 12},
+        "states": {"finished": 784, "failed": 16},
     }
     assert len(json.dumps(state)) < 20_000
     assert bridge(token).get(f"{RUNS}/{run['id']}").json()["state"] == state
@@ -365,7 +374,7 @@ def test_run_results_over_the_cap_are_stored_and_the_run_keeps_a_summary(token, 
     # The bridge's answer was lost and it sends the same final state again: the same answer.
     again = put_state(token, run["id"], final)
     assert again.status_code == 202 and again.json() == state
-    assert_problem(put_state(token, run["id"], {**final, "run_results": fleet_results(601)}), 409)
+    assert_problem(put_state(token, run["id"], {**final, "run_results": fleet_results(801)}), 409)
     # Only the run's own connection reads them.
     _, other = PuppetConnection.create_with_token(owner=alice, name="other")
     assert_problem(bridge(str(other)).get(f"{RUNS}/{run['id']}/results"), 404)

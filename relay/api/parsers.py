@@ -4,7 +4,7 @@ from typing import Any
 
 from django.conf import settings
 from rest_framework import exceptions
-from rest_framework.parsers import JSONParser
+from rest_framework.parsers import BaseParser
 
 from relay.api.exceptions import PayloadTooLarge
 from relay.api.params import is_whole_number
@@ -17,11 +17,16 @@ _NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
 _INNERMOST = re.compile(rb"\[\]|\{\}")
 
 
-class BoundedJSONParser(JSONParser):
+class BoundedJSONParser(BaseParser):
     """DRF's JSON parser reads the whole body, whatever its size. This one refuses a body
     over its limit (API_MAX_BODY_BYTES) with 413, by its Content-Length before reading, and
     by counting while reading when it has none; a body nested deeper than MAX_JSON_DEPTH
-    with 400 before parsing it. It also refuses NaN and Infinity, which are not JSON."""
+    with 400 before parsing it. It also refuses NaN and Infinity, which are not JSON.
+
+    Not a subclass of DRF's JSONParser: DRF hands those `request.body`, which Django caps at
+    DATA_UPLOAD_MAX_MEMORY_SIZE (a 400) before this parser's own limit is asked."""
+
+    media_type = "application/json"
 
     def max_bytes(self) -> int:
         return settings.API_MAX_BODY_BYTES
@@ -46,6 +51,8 @@ def check_nesting(body: bytes, most: int = MAX_JSON_DEPTH) -> None:
     """ParseError unless the body's arrays and objects nest at most `most` deep. A scan, not
     a parse: strings are cut out, then the innermost bracket pairs are removed, one level a
     pass, which takes linear time per level and no recursion."""
+    if body.count(b"[") + body.count(b"{") <= most:
+        return  # too few brackets to nest deeper (most bodies: no scan)
     skeleton = _NOT_BRACKET.sub(b"", _STRING.sub(b"", body))
     for _ in range(most):
         if not skeleton:
