@@ -188,9 +188,6 @@ class Filters:
     title_globs: list[str]
     tags: list[str]
 
-    def matches(self, summary: dict[str, Any], resources: list[dict[str, Any]]) -> bool:
-        return self.verdict(summary, resources)[0]
-
     def verdict(self, summary: dict[str, Any], resources: list[dict[str, Any]]) -> tuple[bool, str]:
         """Whether the report matches, and a note for its event: why it was filtered, or
         which filter could not judge it."""
@@ -204,8 +201,8 @@ class Filters:
         if self.environments:
             environment = summary.get("environment")
             if environment is None:
-                # The module's push body carries no environment. Dropping every such report
-                # would make the filter drop all of them, silently; it lets them through.
+                # The module's push body carries none: dropping such reports would drop
+                # everything the module sends. They pass, and the note says why.
                 note = (
                     "The report names no environment (the Puppet module's push body carries "
                     "none), so the environments filter was not applied."
