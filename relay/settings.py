@@ -187,7 +187,7 @@ REST_FRAMEWORK = {
         "relay.api.renderers.ProblemJSONRenderer",
     ],
     "DEFAULT_PARSER_CLASSES": ["relay.api.parsers.BoundedJSONParser"],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "relay.api.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 100,
     "EXCEPTION_HANDLER": "relay.api.problems.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -272,7 +272,9 @@ RUN_HEARTBEAT_GRACE = env.int("RUN_HEARTBEAT_GRACE", default=60)
 RUN_ACCEPTED_TIMEOUT = env.int("RUN_ACCEPTED_TIMEOUT", default=300)
 RUN_PENDING_TIMEOUT = env.int("RUN_PENDING_TIMEOUT", default=3600)
 RUN_MAX_NODES = env.int("RUN_MAX_NODES", default=10000)
-RUN_RESULTS_MAX_BYTES = env.int("RUN_RESULTS_MAX_BYTES", default=1024 * 1024)
+RUN_RESULTS_MAX_BYTES = env.int("RUN_RESULTS_MAX_BYTES", default=1024 * 1024)  # larger: stored
+# A state PUT carries a whole fleet's results: its body may be larger than other requests'.
+RUN_STATE_MAX_BODY_BYTES = env.int("RUN_STATE_MAX_BODY_BYTES", default=64 * 1024 * 1024)
 RUN_LONG_POLL_MAX = 60
 RUNS_NOTIFY_CHANNEL = "relay_runs"
 # Largest JSON request body any API view parses; larger is a 413 before it is read.

@@ -1,7 +1,8 @@
 import os
 
 from django.core.files import File
-from django.core.files.storage import FileSystemStorage
+from django.core.files.base import ContentFile
+from django.core.files.storage import FileSystemStorage, storages
 
 
 class DurableFileSystemStorage(FileSystemStorage):
@@ -19,3 +20,13 @@ class DurableFileSystemStorage(FileSystemStorage):
         finally:
             os.close(folder)
         return name
+
+
+def save_once(name: str, data: bytes) -> None:
+    """Save `data` in the events storage under `name` unless an object is there already:
+    names are content addresses (SHA-256 of the data), so what is there is the same bytes.
+    (Two racing saves of the same bytes both succeed; the loser's copy gets a suffixed name
+    that nothing points at.)"""
+    storage = storages["events"]
+    if not storage.exists(name):
+        storage.save(name, ContentFile(data))

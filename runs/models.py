@@ -5,6 +5,11 @@ pending ──accept──▶ accepted ──▶ in-progress (heartbeats) ──
 
 Every change of status is a compare-and-set UPDATE that names the status it leaves, so two
 racing clients can never both win; each is recorded as a RunTransition.
+
+`accepted` is this service's own record of the accept (and its lease). On the wire a run
+has the RFC's three statuses only: an accepted run shows `pending` (with `accepted_at`)
+until its bridge reports it in progress, because the shipped bridge's state model knows no
+other and the shipped `run-start` step waits while the status is `pending`.
 """
 
 import uuid
@@ -28,6 +33,11 @@ class Status(models.TextChoices):
 
 OPEN_STATES = (Status.PENDING, Status.ACCEPTED, Status.IN_PROGRESS)
 HELD_STATES = (Status.ACCEPTED, Status.IN_PROGRESS)  # a bridge holds the lease
+
+
+def wire_status(status: str) -> str:
+    """The status as clients see it: the RFC's pending, in-progress or complete."""
+    return Status.PENDING if status == Status.ACCEPTED else status
 
 
 class Outcome(models.TextChoices):
@@ -71,10 +81,15 @@ class Run(models.Model):
 
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     lease_id = models.UUIDField(null=True, blank=True)
+    accepted_at = models.DateTimeField(null=True, blank=True)
     job_id = models.CharField(max_length=255, blank=True)
     next_update_before = models.DateTimeField(null=True, blank=True)
     outcome = models.CharField(max_length=16, choices=Outcome.choices, blank=True)
+    # Results over RUN_RESULTS_MAX_BYTES are kept whole in the events storage (runs.results);
+    # run_results then holds their summary, and these say which object holds them.
     run_results = models.JSONField(null=True, blank=True)
+    results_size = models.BigIntegerField(null=True, blank=True)
+    results_sha256 = models.CharField(max_length=64, blank=True)
     cancel_requested = models.BooleanField(default=False)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
@@ -123,11 +138,19 @@ class Run(models.Model):
     def state(self) -> dict[str, Any]:
         """The state document of the RFC: what GET shows and every state PUT answers.
         Empty values are left out, as the shipped bridge expects."""
-        state: dict[str, Any] = {"status": self.status, "updated_at": _iso(self.updated_at)}
+        state: dict[str, Any] = {"status": wire_status(self.status), "updated_at": _iso(self.updated_at)}
+        if self.accepted_at:
+            state["accepted_at"] = _iso(self.accepted_at)
         if self.outcome:
             state["outcome"] = self.outcome
         if self.run_results is not None:
             state["run_results"] = self.run_results
+        if self.results_sha256:
+            state["run_results_stored"] = {
+                "size": self.results_size,
+                "sha256": self.results_sha256,
+                "url": f"{settings.RELAY_PUBLIC_URL}/_puppet/runs/{self.id}/results",
+            }
         if self.job_id:
             state["job_id"] = self.job_id
         if self.next_update_before and self.status == Status.IN_PROGRESS:
@@ -171,9 +194,9 @@ class Run(models.Model):
         Repeating the accept with the lease id that won is answered as a success, so a client
         whose first answer was lost does not take its own accept for someone else's."""
         lease = lease_id or uuid.uuid4()
-        if self._transition(
-            Status.PENDING, {"status": Status.ACCEPTED, "lease_id": lease}, token_prefix, timezone.now()
-        ):
+        now = timezone.now()
+        changes = {"status": Status.ACCEPTED, "lease_id": lease, "accepted_at": now}
+        if self._transition(Status.PENDING, changes, token_prefix, now):
             return lease
         self.refresh_from_db()
         if lease_id is not None and self.lease_id == lease_id and self.status in HELD_STATES:
@@ -239,7 +262,13 @@ class Run(models.Model):
             outcome = data.get("outcome") or Outcome.FINISHED
             if outcome == Outcome.CANCELLED and not self.cancel_requested:
                 raise Conflict("Outcome 'cancelled' is only for runs whose cancel was requested.")
-            changes.update(status=Status.COMPLETE, outcome=outcome, run_results=data.get("run_results"))
+            changes.update(
+                status=Status.COMPLETE,
+                outcome=outcome,
+                run_results=data.get("run_results"),
+                results_size=data.get("results_size"),
+                results_sha256=data.get("results_sha256", ""),
+            )
         # `pending` or `accepted` after the accept: a plain heartbeat (the shipped agent
         # sends `pending` once right after accepting).
 
@@ -257,6 +286,7 @@ class Run(models.Model):
         return (
             (data.get("outcome") or Outcome.FINISHED) == self.outcome
             and data.get("run_results") == self.run_results
+            and data.get("results_sha256", "") == self.results_sha256
             and (not data.get("job_id") or data["job_id"] == self.job_id)
         )
 
@@ -307,8 +337,11 @@ STATE_FIELDS = [
     "id",
     "status",
     "updated_at",
+    "accepted_at",
     "outcome",
     "run_results",
+    "results_size",
+    "results_sha256",
     "job_id",
     "next_update_before",
     "cancel_requested",

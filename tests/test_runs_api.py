@@ -1,3 +1,5 @@
+import hashlib
+import json
 import uuid
 
 import pytest
@@ -65,8 +67,14 @@ def test_the_list_holds_open_runs_oldest_first_and_filters_by_status(token):
     listed = bridge(token).get(RUNS).json()
     assert [r["id"] for r in listed["runs"]] == [first["id"], second["id"]]
     assert set(listed) == {"runs"}  # no next page
+    # The accepted run shows the RFC's `pending`, and when it was accepted.
+    assert [r["state"]["status"] for r in listed["runs"]] == ["pending", "pending"]
+    assert "accepted_at" not in listed["runs"][0]["state"] and listed["runs"][1]["state"]["accepted_at"]
+    # The filter goes by what is recorded: `pending` is what a bridge may still accept.
     pending = bridge(token).get(RUNS, {"status": "pending"}).json()["runs"]
     assert [r["id"] for r in pending] == [first["id"]]
+    held = bridge(token).get(RUNS, {"status": "accepted"}).json()["runs"]
+    assert [r["id"] for r in held] == [second["id"]]
     assert_problem(bridge(token).get(RUNS, {"status": "complete"}), 400)
     assert_problem(bridge(token).get(RUNS, {"status": "nonsense"}), 400)
 
@@ -83,6 +91,20 @@ def test_cursor_pagination_keeps_the_runs_key(token):
         if url:
             assert response["Link"] == f'<{url}>; rel="next"'
     assert seen == ids
+
+
+def test_without_a_limit_the_list_holds_every_open_run(token, connection):
+    """The shipped bridge ignores `next`: a page size of the service's own would hide the
+    runs past it from that bridge for good."""
+    conn, _ = connection
+    Run.objects.bulk_create(Run(connection=conn, scope={"nodes": [f"n{i}"]}) for i in range(1200))
+    listed = bridge(token).get(RUNS)
+    assert listed.status_code == 200 and "Link" not in listed
+    body = listed.json()
+    assert set(body) == {"runs"} and len(body["runs"]) == 1200
+    assert len(bridge(token).get(RUNS, {"status": "pending"}).json()["runs"]) == 1200
+    page = bridge(token).get(RUNS, {"limit": "100"}).json()
+    assert len(page["runs"]) == 100 and page["next"]
 
 
 def test_a_connection_never_sees_another_connections_runs(token, alice):
@@ -157,6 +179,13 @@ def test_bad_bodies_are_4xx_problems(token, settings):
     assert_problem(bridge("rlyp_bad").get(RUNS), 401)
 
 
+def test_a_body_over_the_limit_is_413_even_past_django_s_own_cap(token, settings):
+    body = json.dumps({"scope": {"nodes": ["a"]}, "x": "y" * (3 * 1024 * 1024)})
+    assert len(body) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE > settings.API_MAX_BODY_BYTES
+    problem = assert_problem(bridge(token).generic("POST", RUNS, body, content_type="application/json"), 413)
+    assert str(settings.API_MAX_BODY_BYTES) in problem["detail"]
+
+
 def test_pe_needs_an_environment_and_open_source_only_runs_on_nodes(token, connection):
     conn, _ = connection
     pe = bridge(token)
@@ -197,11 +226,18 @@ def test_the_state_machine_from_pending_to_complete(token, connection):
     accepted = accept(token, path)
     assert accepted.status_code == 202
     lease = accepted.json()["lease_id"]
-    assert accepted.json()["state"]["status"] == "accepted"
+    # On the wire, the RFC's three statuses only: accepted shows pending, with accepted_at.
+    assert accepted.json()["state"]["status"] == "pending"
+    accepted_at = accepted.json()["state"]["accepted_at"]
+    assert accepted_at.endswith("Z")
     assert_problem(accept(token, path), 409)
+    assert Run.objects.get(pk=path).status == "accepted"  # recorded as accepted
 
     beat = put_state(token, path, {"status": "pending"})  # the shipped agent's first PUT
-    assert beat.status_code == 202 and beat.json()["status"] == "accepted"
+    assert beat.status_code == 202 and beat.json()["status"] == "pending"
+    assert beat.json()["accepted_at"] == accepted_at
+    shown = bridge(token).get(f"{RUNS}/{path}").json()["state"]
+    assert (shown["status"], shown["accepted_at"]) == ("pending", accepted_at)
 
     due = soon(45)
     progress = put_state(
@@ -217,6 +253,7 @@ def test_the_state_machine_from_pending_to_complete(token, connection):
     assert progress.status_code == 202
     state = progress.json()
     assert state["status"] == "in-progress" and state["job_id"] == "81"
+    assert state["accepted_at"] == accepted_at
     assert state["updated_at"] != "1999-01-01T00:00:00Z"  # the server stamps its own
     assert state["next_update_before"].startswith(due[:19])
 
@@ -280,12 +317,85 @@ def test_a_state_put_that_is_not_an_object_is_400(token):
     assert_problem(bridge(token).put(f"{RUNS}/{run['id']}/state", "[]", content_type="application/json"), 400)
 
 
-def test_run_results_over_the_cap_are_413(token, settings):
-    settings.RUN_RESULTS_MAX_BYTES = 1000
+def fleet_results(nodes: int) -> dict:
+    """A final state's results as the bridges send them: a node item each, with the tail
+    of what Puppet printed (up to 4,000 characters)."""
+    return {
+        "nodes": [
+            {
+                "name": f"node-{i}.example.com",
+                "state": "failed" if i % 50 == 0 else "finished",
+                "exit_code": 4 if i % 50 == 0 else 2,
+                "duration": 31.5,
+                "output": f"Notice: /Stage[main]/Profile::Web/File[/srv/www/{i}.html]/content: changed\n"
+                * 50,
+            }
+            for i in range(nodes)
+        ],
+        "job": {"name": "81", "state": "finished"},
+    }
+
+
+def test_run_results_over_the_cap_are_stored_and_the_run_keeps_a_summary(token, alice, settings):
+    """A fleet's results over RUN_RESULTS_MAX_BYTES (and a body over API_MAX_BODY_BYTES) still
+    complete the run: the full results go to storage, the run keeps a summary and a link."""
     run = create_run(token)
     accept(token, run["id"])
-    big = {"items": ["x" * 2000]}
-    assert_problem(put_state(token, run["id"], {"status": "complete", "run_results": big}), 413)
+    results = fleet_results(800)
+    size = len(json.dumps(results, separators=(",", ":")).encode())
+    # Over the cap, over other requests' body limit, and over Django's own (2.5 MiB).
+    assert size > settings.RUN_RESULTS_MAX_BYTES and size > settings.API_MAX_BODY_BYTES
+    assert size > settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    final = {"status": "complete", "outcome": "failed", "job_id": "81", "run_results": results}
+
+    done = put_state(token, run["id"], final)
+    assert done.status_code == 202, done.content
+    state = done.json()
+    assert (state["status"], state["outcome"]) == ("complete", "failed")
+    stored = state["run_results_stored"]
+    assert stored["size"] == size
+    assert stored["url"] == f"{settings.RELAY_PUBLIC_URL}/_puppet/runs/{run['id']}/results"
+    summary = state["run_results"]
+    assert summary["job"] == {"name": "81", "state": "finished"}  # small values as they are
+    assert summary["nodes"] == {
+        "omitted": "list",
+        "items": 800,
+        "bytes": len(json.dumps(results["nodes"], separators=(",", ":")).encode()),
+        "states": {"finished": 784, "failed": 16},
+    }
+    assert len(json.dumps(state)) < 20_000
+    assert bridge(token).get(f"{RUNS}/{run['id']}").json()["state"] == state
+
+    full = bridge(token).get(f"{RUNS}/{run['id']}/results")
+    assert full.status_code == 200 and full["Content-Type"] == "application/json"
+    data = b"".join(full.streaming_content)
+    assert json.loads(data) == results and hashlib.sha256(data).hexdigest() == stored["sha256"]
+
+    # The bridge's answer was lost and it sends the same final state again: the same answer.
+    again = put_state(token, run["id"], final)
+    assert again.status_code == 202 and again.json() == state
+    assert_problem(put_state(token, run["id"], {**final, "run_results": fleet_results(801)}), 409)
+    # Only the run's own connection reads them.
+    _, other = PuppetConnection.create_with_token(owner=alice, name="other")
+    assert_problem(bridge(str(other)).get(f"{RUNS}/{run['id']}/results"), 404)
+
+
+def test_the_results_endpoint_gives_small_results_too(token):
+    run = create_run(token)
+    assert_problem(bridge(token).get(f"{RUNS}/{run['id']}/results"), 404)  # none yet
+    accept(token, run["id"])
+    results = {"nodes": [{"name": "node-a.example.com", "state": "finished"}]}
+    done = put_state(token, run["id"], {"status": "complete", "run_results": results}).json()
+    assert done["run_results"] == results and "run_results_stored" not in done
+    assert bridge(token).get(f"{RUNS}/{run['id']}/results").json() == results
+
+
+def test_a_state_body_over_its_own_cap_is_413(token, settings):
+    settings.RUN_STATE_MAX_BODY_BYTES = 10_000
+    run = create_run(token)
+    accept(token, run["id"])
+    big = {"status": "complete", "run_results": fleet_results(5)}
+    assert_problem(put_state(token, run["id"], big), 413)
     assert Run.objects.get(pk=run["id"]).status == "accepted"
 
 

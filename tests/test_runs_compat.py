@@ -4,8 +4,10 @@ RubyAgentLike does what puppetlabs-relay 2.5.x's `puppet relay` agent does (cont
 Bearer token, JSON bodies, Net::HTTP's `Accept: */*`; keeps only listed runs whose
 state.status is pending; counts an accept as won only on 202; PUTs `pending` once right
 after accepting; reports in-progress with the orchestrator job *name* and
-next_update_before = now + 3 x 15 s; echoes updated_at back; and takes every PUT answer's
-body as the run's new state."""
+next_update_before = now + 3 x 15 s; echoes updated_at back; takes every PUT answer's
+body as the run's new state; and, like its State model, refuses to move to in-progress or
+complete from any status but pending and in-progress (it raises, and the agent gives the
+run up)."""
 
 import json
 from datetime import UTC, datetime, timedelta
@@ -39,6 +41,7 @@ class RubyAgentLike:
         for run in runs:
             assert run["state"]["updated_at"]  # the agent reads it
             assert run.get("type", "run") in ("run", "task-run", "plan-run")
+            self.states[run["id"]] = run["state"]
         return runs
 
     def accept(self, run_id: str) -> bool:
@@ -51,6 +54,17 @@ class RubyAgentLike:
         assert response.status_code == 202, response.text
         self.states[run_id] = response.json()  # the answer is the new state
         return self.states[run_id]
+
+    def move(self, run_id: str, status: str, **fields) -> dict:
+        """State#to_in_progress and State#to_complete, then the PUT."""
+        current = self.states[run_id]["status"]
+        if current not in ("pending", "in-progress"):
+            raise InvalidTransitionError(f"Cannot transition status to {status} from {current}")
+        return self.put_state(run_id, {"status": status, **fields})
+
+
+class InvalidTransitionError(Exception):
+    pass
 
 
 def due_in(seconds: int) -> str:
@@ -85,9 +99,12 @@ def test_a_ruby_agent_like_client_works_a_run_from_list_to_complete(live_server,
         assert listed[field] is False
     assert agent.accept(run_id)
     assert not rival.accept(run_id)  # 409: "someone else has it"
-    assert rival.list_pending() == []
+    # Accepted shows `pending` until it is in progress (the RFC's statuses): a rival that
+    # lists it again is refused the accept again and leaves it, as the agent does.
+    assert [r["id"] for r in rival.list_pending()] == [run_id]
+    assert not rival.accept(run_id)
 
-    assert agent.put_state(run_id, {"status": "pending"})["status"] == "accepted"
+    assert agent.put_state(run_id, {"status": "pending"})["status"] == "pending"
     state = agent.put_state(
         run_id, {"status": "in-progress", "job_id": "1234", "next_update_before": due_in(45)}
     )
@@ -210,3 +227,47 @@ def test_the_rfc_example_bodies(live_server, token):
 def test_basic_auth_works_over_http_too(live_server, token):
     response = requests.get(f"{live_server.url}/_puppet/runs", auth=("any", token), timeout=10)
     assert response.json() == {"runs": []}
+
+
+def test_the_agent_s_run_survives_a_failing_backend(live_server, token):
+    """The agent's Exec job: when its backend raises, it PUTs the state it has (`pending`, as
+    listed) and takes the answer as its state; its next try moves on from that state. An
+    `accepted` there would make every later transition raise, and the run would be stuck."""
+    run_id = requests.post(
+        f"{live_server.url}/_puppet/runs",
+        json={"environment": "production", "scope": {"nodes": ["node-a.example.com"]}},
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=10,
+    ).json()["id"]
+    agent = RubyAgentLike(live_server.url, token)
+    agent.list_pending()
+    assert agent.accept(run_id)
+    for _ in range(2):  # the backend fails twice; each time the state it holds is PUT
+        assert agent.put_state(run_id, {"status": agent.states[run_id]["status"]})["status"] == "pending"
+    error = {"result": {"msg": "Retries exhausted"}}
+    final = agent.move(run_id, "complete", outcome="error", run_results=error)
+    assert (final["status"], final["outcome"], final["run_results"]) == ("complete", "error", error)
+
+
+def test_the_run_start_step_waits_until_the_run_is_in_progress(live_server, token):
+    """relay-puppet's run-start step: `while run['state']['status'] == 'pending'` it GETs the
+    run again; then it reads `job_id`. An accepted run must still be `pending` to it."""
+    headers = {"Authorization": f"Bearer {token}"}
+    run = requests.post(
+        f"{live_server.url}/_puppet/runs",
+        json={"environment": "production", "scope": {"nodes": ["node-a.example.com"]}},
+        headers=headers,
+        timeout=10,
+    ).json()
+
+    def step_sees() -> dict:
+        return requests.get(f"{live_server.url}/_puppet/runs/{run['id']}", headers=headers, timeout=10).json()
+
+    agent = RubyAgentLike(live_server.url, token)
+    agent.list_pending()
+    assert agent.accept(run["id"])
+    agent.put_state(run["id"], {"status": "pending"})
+    assert step_sees()["state"]["status"] == "pending"  # still waiting: no job yet
+    agent.move(run["id"], "in-progress", job_id="81", next_update_before=due_in(45))
+    state = step_sees()["state"]
+    assert (state["status"], state["job_id"]) == ("in-progress", "81")

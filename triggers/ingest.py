@@ -23,6 +23,7 @@ from django.http import HttpRequest
 from rest_framework import exceptions
 
 from relay.api.exceptions import LengthRequired, PayloadTooLarge
+from relay.api.params import is_whole_number
 from triggers.models import BodyFormat, Event, EventState, Trigger
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ def body_format(request: HttpRequest) -> BodyFormat:
 
 def content_length(request: HttpRequest) -> int:
     raw = request.META.get("CONTENT_LENGTH", "")
-    if not raw.isdigit():
+    if not is_whole_number(raw):
         raise LengthRequired()
     length = int(raw)
     if length > settings.EVENTS_MAX_BODY_BYTES:

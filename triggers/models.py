@@ -119,6 +119,8 @@ class Event(models.Model):
     summary = models.JSONField(null=True, blank=True)
     parts = models.JSONField(default=dict, blank=True)
     failure_reason = models.TextField(blank=True)
+    # Why the trigger's filters dropped the report, or which filter could not judge it.
+    filter_note = models.TextField(blank=True)
     duplicate_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL)
     # The Slack message for a match: "" (none to send), pending, sent or failed (see detail).
     notification = models.CharField(max_length=16, blank=True)

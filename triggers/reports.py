@@ -92,6 +92,12 @@ def _resource(name: str, status: dict[str, Any]) -> dict[str, Any]:
     out_of_sync_count = status.get("out_of_sync_count")
     if not isinstance(out_of_sync_count, int):
         out_of_sync_count = sum(1 for e in events if e.get("status") in ("success", "failure", "noop"))
+    if "events" in status:
+        noop = any(e.get("status") == "noop" for e in events)
+    else:
+        # The module's push body has no events, only the counts: out of sync but not
+        # changed is a change that noop left pending.
+        noop = out_of_sync_count > change_count
     return {
         "type": str(status.get("resource_type") or kind),
         "title": str(status.get("title") or title),
@@ -103,7 +109,7 @@ def _resource(name: str, status: dict[str, Any]) -> dict[str, Any]:
         "changed": bool(status.get("changed")) or change_count > 0,
         "out_of_sync": bool(status.get("out_of_sync")) or out_of_sync_count > 0,
         "failed": failed,
-        "noop": any(e.get("status") == "noop" for e in events),
+        "noop": noop,
     }
 
 
@@ -182,21 +188,36 @@ class Filters:
     title_globs: list[str]
     tags: list[str]
 
-    def matches(self, summary: dict[str, Any], resources: list[dict[str, Any]]) -> bool:
+    def verdict(self, summary: dict[str, Any], resources: list[dict[str, Any]]) -> tuple[bool, str]:
+        """Whether the report matches, and a note for its event: why it was filtered, or
+        which filter could not judge it."""
+        status = summary["status"]
         if self.statuses:
-            if summary["status"] not in self.statuses:
-                return False
-        elif summary["status"] == "unchanged" and not summary["noop_pending"]:
-            return False  # the shipped report processor's rule
-        if self.environments and summary.get("environment") not in self.environments:
-            return False
+            if status not in self.statuses:
+                return False, f"Its status {status} is not one of the trigger's statuses."
+        elif status == "unchanged" and not summary["noop_pending"]:
+            return False, "Unchanged, with no noop change pending."  # the shipped report processor's rule
+        note = ""
+        if self.environments:
+            environment = summary.get("environment")
+            if environment is None:
+                # The module's push body carries none: dropping such reports would drop
+                # everything the module sends. They pass, and the note says why.
+                note = (
+                    "The report names no environment (the Puppet module's push body carries "
+                    "none), so the environments filter was not applied."
+                )
+            elif environment not in self.environments:
+                return False, f"Its environment {environment} is not one of the trigger's environments."
         if self.host_globs and not any(
             fnmatch.fnmatchcase(summary["host"], glob) for glob in self.host_globs
         ):
-            return False
-        if self.resource_types or self.title_globs or self.tags:
-            return any(self._resource_matches(r) for r in resources)
-        return True
+            return False, f"Its host {summary['host']} matches none of the trigger's host globs."
+        if (self.resource_types or self.title_globs or self.tags) and not any(
+            self._resource_matches(r) for r in resources
+        ):
+            return False, "None of its changed resources passes the trigger's resource filters."
+        return True, note
 
     def matching(self, resources: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The changed resources that the resource filters pick (all, without such filters)."""

@@ -63,13 +63,12 @@ def process(event_id: str) -> None:
         "events": offload(events_of(analysed.report)),
     }
     trigger = event.trigger
-    filters = trigger.filters()
-    state = (
-        EventState.MATCHED if filters.matches(analysed.summary, analysed.resources) else EventState.FILTERED
-    )
+    matched, filter_note = trigger.filters().verdict(analysed.summary, analysed.resources)
+    state = EventState.MATCHED if matched else EventState.FILTERED
     send_message = state == EventState.MATCHED and trigger.has_slack_webhook
     found = {
         "notification": "pending" if send_message else "",
+        "filter_note": filter_note,
         "summary": analysed.summary,
         "parts": parts,
         "host": analysed.summary["host"][:255],

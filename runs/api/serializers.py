@@ -12,7 +12,6 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from puppet_connection.models import Platform
-from relay.api.exceptions import PayloadTooLarge
 from relay.api.serializers import JSONObjectField, RejectUnknownFields, StrictBooleanField, StrictCharField
 from runs.models import CLIENT_OUTCOMES, RunType, Status
 
@@ -126,11 +125,6 @@ class StateSerializer(serializers.Serializer):
     outcome = serializers.ChoiceField(choices=CLIENT_OUTCOMES, required=False, allow_null=True)
     run_results = serializers.JSONField(required=False, allow_null=True)
     lease_id = serializers.UUIDField(required=False, allow_null=True)
-
-    def validate_run_results(self, value: Any) -> Any:
-        if json_size(value) > settings.RUN_RESULTS_MAX_BYTES:
-            raise PayloadTooLarge(f"run_results is over {settings.RUN_RESULTS_MAX_BYTES} bytes.")
-        return value
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         status = attrs["status"]

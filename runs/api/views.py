@@ -1,30 +1,51 @@
 import uuid
+from datetime import datetime
 
 from django.conf import settings
 from django.db.models import QuerySet
+from django.http import FileResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import exceptions, status
-from rest_framework.pagination import CursorPagination
+from rest_framework.pagination import Cursor, CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.viewsets import GenericViewSet
 
 from relay.api.authentication import ConnectionTokenAuthentication
 from relay.api.exceptions import Conflict as ConflictProblem
+from relay.api.params import query_int
+from relay.api.parsers import BoundedJSONParser
 from relay.api.permissions import IsConnection
+from runs import results
 from runs.api.serializers import AcceptSerializer, RunCreateSerializer, StateSerializer
 from runs.models import OPEN_STATES, Conflict, Run, Status
 from runs.notify import wait_for_runs
 
 
 class RunCursorPagination(CursorPagination):
-    """Oldest first. The body stays the RFC's `{"runs": [...]}`; when there is another page,
-    `next` (its URL) stands beside `runs` and in a `Link: <…>; rel="next"` header."""
+    """Oldest first. Without `limit`, every run: the shipped bridge reads only the first page
+    and ignores `next`, so a page size of its own would hide runs from it. With `limit`,
+    pages, and the body stays the RFC's `{"runs": [...]}` with `next` (its URL) beside `runs`
+    and in a `Link: <…>; rel="next"` header."""
 
     ordering = ("created_at", "id")
-    page_size = 100
+    page_size = None
     page_size_query_param = "limit"
     max_page_size = 500
+
+    def get_page_size(self, request: Request) -> int | None:
+        limit = query_int(request, self.page_size_query_param, 0, lowest=1)
+        return min(limit, self.max_page_size) if limit else None
+
+    def decode_cursor(self, request: Request) -> Cursor | None:
+        cursor = super().decode_cursor(request)
+        # The position is compared with created_at: one that is no time would fail in the query.
+        if cursor is not None and cursor.position is not None:
+            try:
+                datetime.fromisoformat(cursor.position)
+            except ValueError:
+                raise exceptions.NotFound(self.invalid_cursor_message) from None
+        return cursor
 
     def get_paginated_response(self, data: list) -> Response:
         following = self.get_next_link()
@@ -53,7 +74,12 @@ class RunViewSet(GenericViewSet):
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("status", enum=[s.value for s in OPEN_STATES]),
+            OpenApiParameter(
+                "status",
+                enum=[s.value for s in OPEN_STATES],
+                description="`pending`: runs no bridge has accepted; `accepted`: accepted, not started"
+                " (they show `pending` with `accepted_at`); `in-progress`.",
+            ),
             OpenApiParameter(
                 "wait",
                 int,
@@ -65,15 +91,20 @@ class RunViewSet(GenericViewSet):
         runs = self.get_queryset().filter(status__in=OPEN_STATES)
         wanted = request.query_params.get("status")
         if wanted is not None:
+            # By the recorded status: `pending` lists what a bridge may still accept, though
+            # accepted runs show `pending` too (see runs.models).
             if wanted not in OPEN_STATES:
                 raise exceptions.ValidationError({"status": [f"One of {', '.join(OPEN_STATES)}."]})
             runs = runs.filter(status=wanted)
         wait = _wait_seconds(request)
+        self.paginator.get_page_size(request)  # a bad limit is a 400 before any wait
         if wait and "cursor" not in request.query_params:
             # Long-poll: hold the answer until this connection has a pending run.
             pending = self.get_queryset().filter(status=Status.PENDING)
             wait_for_runs(str(request.auth.pk), wait, pending.exists)
         page = self.paginate_queryset(runs)
+        if page is None:  # no limit: all of them
+            return Response({"runs": [run.to_dict() for run in runs]})
         return self.get_paginated_response([run.to_dict() for run in page])
 
     def create(self, request: Request) -> Response:
@@ -104,14 +135,31 @@ class RunViewSet(GenericViewSet):
             raise exceptions.ValidationError({"non_field_errors": ["The state must be a JSON object."]})
         body = StateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
+        state = body.validated_data
+        held = self.get_queryset().filter(pk=pk).exclude(status=Status.PENDING)
+        if state.get("run_results") is not None and held.exists():
+            # Large results are stored before the run points at them (a PUT refused below
+            # leaves an object that nothing points at, which a resend reuses).
+            state = results.keep(state)
         try:
-            run = Run.update_state_of(request.auth, pk, body.validated_data, request.auth.token_prefix)
+            run = Run.update_state_of(request.auth, pk, state, request.auth.token_prefix)
         except Run.DoesNotExist:
             raise exceptions.NotFound("No such run for this connection.") from None
         except Conflict as exc:
             raise ConflictProblem(str(exc)) from None
         # The shipped bridge reads this body as the run's new state.
         return Response(run.state, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses={(200, "application/json"): dict})
+    def results(self, request: Request, pk: uuid.UUID) -> Response | FileResponse:
+        """The run's full results: from its row, or streamed from storage when they were too
+        large for it (the state then has `run_results_stored` and a summary)."""
+        run = self.get_object()
+        if run.results_sha256:
+            return FileResponse(results.open_stored(run.results_sha256), content_type="application/json")
+        if run.run_results is None:
+            raise exceptions.NotFound("This run has no results (yet).")
+        return Response(run.run_results)
 
     @extend_schema(request=None)
     def cancel(self, request: Request, pk: uuid.UUID) -> Response:
@@ -123,10 +171,12 @@ class RunViewSet(GenericViewSet):
         return Response(run.to_dict(), status=status.HTTP_202_ACCEPTED)
 
 
+class StateParser(BoundedJSONParser):
+    """A final state carries the whole fleet's results: a larger body than other requests'."""
+
+    def max_bytes(self) -> int:
+        return settings.RUN_STATE_MAX_BODY_BYTES
+
+
 def _wait_seconds(request: Request) -> int:
-    raw = request.query_params.get("wait")
-    if raw is None:
-        return 0
-    if not raw.isdigit() or int(raw) > settings.RUN_LONG_POLL_MAX:
-        raise exceptions.ValidationError({"wait": [f"Whole seconds from 0 to {settings.RUN_LONG_POLL_MAX}."]})
-    return int(raw)
+    return query_int(request, "wait", 0, highest=settings.RUN_LONG_POLL_MAX)

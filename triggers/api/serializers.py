@@ -88,6 +88,7 @@ class EventSerializer(serializers.ModelSerializer):
             "key",
             "transaction_uuid",
             "failure_reason",
+            "filter_note",
             "duplicate_of",
             "body_format",
             "body_size",
