@@ -40,7 +40,7 @@ def test_published_puppet_workflows_are_valid(path: Path) -> None:
     [
         (
             "triggers_with_invalid_binding.yaml",
-            [("#/triggers/0/binding", "binding must be a mapping, not a list.")],
+            [("#/triggers/0/binding", "triggers[0].binding must be a mapping, not a list.")],
         ),
         (
             "triggers_with_invalid_source.yaml",

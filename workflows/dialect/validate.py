@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 from jsonschema import Draft7Validator, FormatChecker, ValidationError
 
 from workflows.dialect import expr
-from workflows.dialect.errors import EvaluationError, ExpressionError
+from workflows.dialect.errors import EvaluationError, ExpressionError, PathError
 from workflows.dialect.evaluate import TEMPLATE_NAMES, Data, WorkflowEvaluator
 from workflows.dialect.fnlib import LIBRARY
 from workflows.dialect.model import Context
@@ -126,7 +126,7 @@ def schema_problems(document: Document) -> list[Problem]:
 def _describe(error: ValidationError) -> list[tuple[str, str]]:
     pointer = _pointer(error.absolute_path)
     path = list(error.absolute_path)
-    where = str(path[-1]) if path else "The document"
+    where = _human_path(path)
     instance = error.instance
     if error.validator == "oneOf":
         return _describe_one_of(error, pointer, instance)
@@ -155,8 +155,23 @@ def _describe(error: ValidationError) -> list[tuple[str, str]]:
     return [(pointer, error.message)]
 
 
+def _human_path(path: list[Any]) -> str:
+    """steps[0].dependsOn, as an author would point at it."""
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "The document"
+
+
 def _describe_one_of(error: ValidationError, pointer: str, instance: Any) -> list[tuple[str, str]]:
     definitions = SCHEMA["definitions"]
+    if not isinstance(instance, (dict, str, list)):
+        return []  # the "type" error of the same value says it
+    if (
+        isinstance(instance, (str, list))
+        and error.schema is not definitions["Step"]["properties"]["dependsOn"]
+    ):
+        return []
     if error.schema is definitions["Step"]:
         kind = instance.get("type", "container") if isinstance(instance, dict) else None
         if kind not in ("container", "approval"):
@@ -364,8 +379,8 @@ class _Checker:
             state[name] = 1
             path.append(name)
             for before in after.get(name, ()):
-                if before not in after:
-                    continue
+                if before not in after or before == name:
+                    continue  # unknown names and self-dependencies are reported already
                 if state.get(before) == 1:
                     cycle = path[path.index(before) :]
                     if frozenset(cycle) not in reported:
@@ -388,17 +403,21 @@ class _Checker:
     # Expressions ------------------------------------------------------------------------------
 
     def check_expressions(self, raw: Any, pointer: str, found: "_Found", *, in_trigger: bool) -> None:
-        """Check every value in an expression position: tags and templates, then a dry run."""
-        before = len(self.problems)
-        tree = self._tree_at(pointer)
-        self._walk(tree, pointer, found, in_trigger)
-        if len(self.problems) > before:
-            return
+        """Check every value in an expression position: its tags and templates, each then
+        evaluated once with no data (a dry run) to find what can only fail."""
+        self._walk(self._tree_at(pointer), pointer, found, in_trigger)
+
+    def _dry_run(self, tree: Any, pointer: str, in_trigger: bool) -> None:
         evaluator = WorkflowEvaluator(Data(event_available=in_trigger))
         try:
             result = evaluator.evaluate(Context(), tree, -1)
         except EvaluationError as exc:
-            self.error(pointer, f"This expression fails whatever the data: {exc}.")
+            # The evaluator names the path under `tree` where it failed.
+            error: BaseException = exc
+            while isinstance(error, PathError):
+                pointer = child_pointer(pointer, error.path)
+                error = error.cause
+            self.error(pointer, f"This expression fails whatever the data: {error}.")
             return
         except RecursionError:
             self.error(pointer, "This expression nests too deeply.")
@@ -415,9 +434,12 @@ class _Checker:
         return node
 
     def _walk(self, tree: Any, pointer: str, found: "_Found", in_trigger: bool) -> None:
+        before = len(self.problems)
         if isinstance(tree, str):
             if "$" in tree:
                 self._check_template(tree, pointer, found, in_trigger)
+                if len(self.problems) == before:
+                    self._dry_run(tree, pointer, in_trigger)
             return
         if isinstance(tree, list):
             for index, item in enumerate(tree):
@@ -427,12 +449,16 @@ class _Checker:
             return
         if "$type" in tree:
             self._check_reference(tree, pointer, found, in_trigger)
+            if len(self.problems) == before:
+                self._dry_run(tree, pointer, in_trigger)
             return
         if len(tree) == 1:
             (key,) = tree
             if key.startswith("$fn."):
                 self._check_function(key[len("$fn.") :], pointer)
                 self._walk(tree[key], pointer, found, in_trigger)
+                if len(self.problems) == before:
+                    self._dry_run(tree, pointer, in_trigger)
                 return
         for key, value in tree.items():
             self._walk(value, child_pointer(pointer, key), found, in_trigger)
@@ -580,8 +606,8 @@ def _environment_nodes(node: expr.Node) -> Iterator[expr.Node]:
 def _container(raw: dict[str, Any]) -> Container:
     return Container(
         image=raw.get("image", ""),
-        spec=frozen_map(deepcopy(raw.get("spec") or {})),
-        env=frozen_map(deepcopy(raw.get("env") or {})),
+        spec=frozen_map(deepcopy(raw["spec"]) if isinstance(raw.get("spec"), dict) else {}),
+        env=frozen_map(deepcopy(raw["env"]) if isinstance(raw.get("env"), dict) else {}),
         input=tuple(raw.get("input") or ()),
         input_file=raw.get("inputFile", ""),
         command=raw.get("command", ""),
