@@ -13,12 +13,14 @@ from typing import Any
 
 from workflows.dialect import expr
 from workflows.dialect.errors import EvaluationError, InvocationError, UnknownKey
-from workflows.dialect.expr import ExpressionError, Options, evaluate_query, parse_template
+from workflows.dialect.expr import ExpressionError, Options, Template, evaluate_query, parse_template
 from workflows.dialect.fnlib import LIBRARY, ArgumentError, Descriptor
 from workflows.dialect.model import (
     DEFAULT_EVALUATOR,
     Context,
     Evaluator,
+    Expandable,
+    Indexable,
     Result,
     StaticExpandable,
     Unresolvable,
@@ -56,7 +58,7 @@ def _grouped(pairs: dict[tuple[str, str], Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-class _Adapter:
+class _Adapter(Expandable, Indexable):
     """One top-level name of the template data (`parameters`, `outputs`, ...)."""
 
     def __init__(self, data: Data) -> None:
@@ -136,7 +138,7 @@ class _Event(_Adapter):
         return self.data.event
 
 
-class _Environment:
+class _Environment(Expandable, Indexable):
     """The root of template data: its names and nothing else."""
 
     def __init__(self, data: Data) -> None:
@@ -171,12 +173,19 @@ class WorkflowEvaluator(Evaluator):
         self.functions = LIBRARY if functions is None else functions
         self.environment = _Environment(self.data)
         self.template_options = Options(evaluator=DEFAULT_EVALUATOR, functions=self.functions)
+        self._templates: dict[str, Template] = {}
+
+    def template(self, text: str) -> Template:
+        """The parsed template (parsed once per evaluator: a document repeats its strings)."""
+        if text not in self._templates:
+            self._templates[text] = parse_template(text, self.template_options)
+        return self._templates[text]
 
     def visit_string(self, ctx: Context, text: str, depth: int) -> Result:
         if "$" not in text:
             return Result(text)
         try:
-            template = parse_template(text, self.template_options)
+            template = self.template(text)
         except ExpressionError as exc:
             raise EvaluationError(f"the expression cannot be read: {exc}") from None
         unresolvable = Unresolvable()

@@ -25,6 +25,7 @@ from workflows.dialect.model import (
     DEFAULT_EVALUATOR,
     Context,
     Evaluator,
+    Expandable,
     Indexable,
     Result,
     StaticExpandable,
@@ -606,7 +607,7 @@ class Object(Node):
         return out
 
 
-class EvalExpandable:
+class EvalExpandable(Expandable):
     """A function argument, evaluated when (and if) the function asks for it."""
 
     def __init__(self, node: Node, parameter: Any) -> None:

@@ -6,10 +6,11 @@ set) is not an error: the walk leaves the reference in place and lists it in the
 `unresolvable`. The engine uses that to know when a step is ready.
 """
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from workflows.dialect.errors import EvaluationError, PathError
 from workflows.dialect.values import type_name
@@ -91,17 +92,21 @@ class Context:
         return Context(unresolvable=Unresolvable(), clock=self.clock)
 
 
-@runtime_checkable
-class Expandable(Protocol):
+class Expandable(ABC):
+    """A value that expands when evaluated (relay-core's model.Expandable)."""
+
+    @abstractmethod
     def expand(self, ctx: Context, depth: int) -> Result: ...
 
 
-@runtime_checkable
-class Indexable(Protocol):
+class Indexable(ABC):
+    """A value that answers `value[key]` itself (relay-core's eval.Indexable)."""
+
+    @abstractmethod
     def lookup(self, ctx: Context, key: Any) -> Any: ...
 
 
-class StaticExpandable:
+class StaticExpandable(Expandable):
     """A value with what is missing to complete it (relay-core's model.StaticExpandable)."""
 
     def __init__(self, value: Any, unresolvable: Unresolvable) -> None:

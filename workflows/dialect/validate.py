@@ -46,7 +46,6 @@ def _is_uri(value: object) -> bool:
 
 
 VALIDATOR = Draft7Validator(SCHEMA, format_checker=_formats)
-TEMPLATE_OPTIONS = expr.Options(functions=LIBRARY)
 FUNCTION_NAMES = ", ".join(sorted(LIBRARY))
 
 
@@ -212,6 +211,11 @@ class _Checker:
         self.step_names: set[str] = {s["name"] for s in self.tree.get("steps") or []}
         self.approvals = {s["name"] for s in self.tree.get("steps") or [] if s.get("type") == "approval"}
         self.parameter_names = set(self.tree.get("parameters") or {})
+        # One evaluator each for steps and triggers: they parse each template once.
+        self.evaluators = {
+            False: WorkflowEvaluator(Data()),
+            True: WorkflowEvaluator(Data(event_available=True)),
+        }
         self.references: dict[str, set[Any]] = {
             "parameters": set(),
             "secrets": set(),
@@ -408,7 +412,7 @@ class _Checker:
         self._walk(self._tree_at(pointer), pointer, found, in_trigger)
 
     def _dry_run(self, tree: Any, pointer: str, in_trigger: bool) -> None:
-        evaluator = WorkflowEvaluator(Data(event_available=in_trigger))
+        evaluator = self.evaluators[in_trigger]
         try:
             result = evaluator.evaluate(Context(), tree, -1)
         except EvaluationError as exc:
@@ -532,7 +536,7 @@ class _Checker:
 
     def _check_template(self, text: str, pointer: str, found: "_Found", in_trigger: bool) -> None:
         try:
-            template = expr.parse_template(text, TEMPLATE_OPTIONS)
+            template = self.evaluators[in_trigger].template(text)
         except ExpressionError as exc:
             self.error(pointer, f"The expression cannot be read: {exc}.")
             return
