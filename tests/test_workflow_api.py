@@ -106,10 +106,15 @@ def test_it_needs_a_user() -> None:
 
 
 def test_it_is_in_the_openapi_schema(alice_api: APIClient) -> None:
-    schema = alice_api.get("/api/schema/", HTTP_ACCEPT="application/json").json()
+    from openapi_spec_validator import validate as validate_openapi
+
+    schema = alice_api.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+    validate_openapi(schema)
     operation = schema["paths"]["/api/workflows/validate"]["post"]
     assert "application/yaml" in operation["requestBody"]["content"]
     assert set(operation["responses"]) >= {"200", "400"}
+    errors = schema["components"]["schemas"]["WorkflowInvalid"]["properties"]["errors"]
+    assert errors["items"]["$ref"].endswith("/DocumentError")
 
 
 # The models -------------------------------------------------------------------------------------

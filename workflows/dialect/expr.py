@@ -16,11 +16,18 @@ indented JSON, as relay-core does).
 
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from workflows.dialect.errors import EvaluationError, ExpressionError, PathError, UnknownKey
+from workflows.dialect.errors import (
+    EvaluationError,
+    ExpressionError,
+    IndexOutOfBounds,
+    InvocationError,
+    PathError,
+    UnknownKey,
+)
 from workflows.dialect.model import (
     DEFAULT_EVALUATOR,
     Context,
@@ -492,7 +499,7 @@ class Call(Node):
         return iter(self.args.values() if isinstance(self.args, dict) else self.args)
 
     def eval(self, ctx: Context, parameter: Any) -> Any:
-        from workflows.dialect.fnlib import ArgumentError
+        from workflows.dialect.fnlib import ArgumentError  # fnlib imports this module
 
         descriptor = self.options.functions.get(self.name)
         if descriptor is None:
@@ -506,8 +513,6 @@ class Call(Node):
                 invoker = descriptor.positional(self.options.evaluator, positional)
         except ArgumentError as exc:
             return unresolved(invocations={(self.name, str(exc))})
-        from workflows.dialect.errors import InvocationError
-
         try:
             result = invoker(ctx)
         except InvocationError:
@@ -655,8 +660,6 @@ def int_index(key: Any) -> int:
 
 
 def select(ctx: Context, value: Any, key: Any) -> Any:
-    from workflows.dialect.errors import IndexOutOfBounds
-
     if isinstance(value, Indexable):
         return value.lookup(ctx, key)
     if isinstance(value, list):
@@ -1003,6 +1006,3 @@ def walk(node: Node) -> Iterator[Node]:
     yield node
     for child in node.children():
         yield from walk(child)
-
-
-Clock = Callable[[], Any]

@@ -86,7 +86,6 @@ class Context:
 
     unresolvable: Unresolvable = field(default_factory=Unresolvable)
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)
-    steps: int = 0  # work done, to bound an expression that would run for ever
 
     def fresh(self) -> "Context":
         return Context(unresolvable=Unresolvable(), clock=self.clock)

@@ -7,6 +7,7 @@ JSON its own way, so those are spelled out here.
 """
 
 import base64
+import json
 import math
 from datetime import UTC, datetime
 from typing import Any
@@ -197,7 +198,6 @@ def _json_container(start: str, end: str, items: list[str], indent: str | None, 
 
 def from_json(text: str) -> Any:
     """Go's json.Unmarshal into an interface{}: every number is a float64."""
-    import json
 
     def refuse(name: str) -> None:
         raise ValueError(f"invalid character '{name[0]}' looking for beginning of value")
