@@ -154,6 +154,11 @@ def test_cycles_are_rejected_with_the_steps_in_them() -> None:
             "equals() cannot be called like this: fn: unexpected number of arguments: 1 (wanted 2).",
         ),
         ("${append(1, 2)}", "This expression fails whatever the data"),
+        (
+            "!Fn.equals [a]",
+            "equals() cannot be called like this: fn: unexpected number of arguments: 1 (wanted 2).",
+        ),
+        ("!Fn.path {query: a}", 'path() cannot be called like this: fn: arg "object": fn: arg not found.'),
     ],
 )
 def test_references_and_expressions_in_a_step_are_checked(spec: str, detail: str) -> None:
@@ -226,6 +231,24 @@ def test_tags_outside_evaluated_places_are_rejected() -> None:
             "here it would be read as plain text.",
         )
     ]
+
+
+def test_an_expression_that_reads_data_is_not_judged_by_the_dry_run() -> None:
+    # With p set, coalesce never evaluates append(1, 2); without it, it does and fails.
+    assert check(
+        """\
+        parameters: {p: {}}
+        steps:
+        - name: s
+          image: alpine
+          spec:
+            x: ${coalesce(parameters.p, append(1, 2))}
+        triggers:
+        - name: t
+          source: {type: push}
+          when: ${event}
+        """
+    ).valid
 
 
 def test_an_unknown_function_is_a_warning() -> None:

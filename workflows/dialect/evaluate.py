@@ -127,14 +127,17 @@ class _Groups(_Adapter):
 
 
 class _Event(_Adapter):
+    def expand(self, ctx: Context, depth: int) -> Result:
+        if depth != 0 and self.data.event is MISSING:
+            return Result(None, Unresolvable(data={("",)}))
+        return super().expand(ctx, depth)
+
     def lookup(self, ctx: Context, key: Any) -> Any:
         if self.data.event is MISSING:
             return unresolved(data={("",)})
         return expr.select(ctx, self.data.event, key)
 
     def everything(self) -> Any:
-        if self.data.event is MISSING:
-            raise EvaluationError("model: data could not be found")
         return self.data.event
 
 

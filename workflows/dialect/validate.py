@@ -24,8 +24,8 @@ from jsonschema import Draft7Validator, FormatChecker, ValidationError
 from workflows.dialect import expr
 from workflows.dialect.errors import EvaluationError, ExpressionError, PathError
 from workflows.dialect.evaluate import TEMPLATE_NAMES, Data, WorkflowEvaluator
-from workflows.dialect.fnlib import LIBRARY
-from workflows.dialect.model import Context
+from workflows.dialect.fnlib import LIBRARY, ArgumentError
+from workflows.dialect.model import DEFAULT_EVALUATOR, Context
 from workflows.dialect.problems import DocumentError, Problem, child_pointer, pointer_part
 from workflows.dialect.workflow import Container, Parameter, References, Step, Trigger, Workflow, frozen_map
 from workflows.dialect.yamlload import Document, load
@@ -412,9 +412,12 @@ class _Checker:
         self._walk(self._tree_at(pointer), pointer, found, in_trigger)
 
     def _dry_run(self, tree: Any, pointer: str, in_trigger: bool) -> None:
-        evaluator = self.evaluators[in_trigger]
+        """Evaluate a value that reads no data: if that fails, every run fails. (A value that
+        reads data is not judged: the data may decide which parts are evaluated.)"""
+        if not self._constant(tree, in_trigger):
+            return
         try:
-            result = evaluator.evaluate(Context(), tree, -1)
+            self.evaluators[in_trigger].evaluate(Context(), tree, -1)
         except EvaluationError as exc:
             # The evaluator names the path under `tree` where it failed.
             error: BaseException = exc
@@ -422,13 +425,33 @@ class _Checker:
                 pointer = child_pointer(pointer, error.path)
                 error = error.cause
             self.error(pointer, f"This expression fails whatever the data: {error}.")
-            return
         except RecursionError:
             self.error(pointer, "This expression nests too deeply.")
+
+    def _constant(self, tree: Any, in_trigger: bool) -> bool:
+        if isinstance(tree, str):
+            if "$" not in tree:
+                return True
+            template = self.evaluators[in_trigger].template(tree)
+            return not any(isinstance(n, expr.Var) for e in template.expressions for n in expr.walk(e.node))
+        if isinstance(tree, list):
+            return all(self._constant(item, in_trigger) for item in tree)
+        if isinstance(tree, dict):
+            return "$type" not in tree and all(self._constant(v, in_trigger) for v in tree.values())
+        return True
+
+    def _check_arity(self, name: str, args: list[Any] | dict[str, Any], pointer: str) -> None:
+        """A known function called with arguments it cannot take would never be resolved."""
+        descriptor = LIBRARY.get(name)
+        if descriptor is None:
             return
-        for function, cause in sorted(result.unresolvable.invocations):
-            if cause != "function not found":
-                self.error(pointer, f"{function}() cannot be called like this: {cause}.")
+        try:
+            if isinstance(args, dict):
+                descriptor.keyword(DEFAULT_EVALUATOR, dict.fromkeys(args))
+            else:
+                descriptor.positional(DEFAULT_EVALUATOR, [None] * len(args))
+        except ArgumentError as exc:
+            self.error(pointer, f"{name}() cannot be called like this: {exc}.")
 
     def _tree_at(self, pointer: str) -> Any:
         node: Any = self.tree
@@ -460,6 +483,7 @@ class _Checker:
             (key,) = tree
             if key.startswith("$fn."):
                 self._check_function(key[len("$fn.") :], pointer)
+                self._check_arity(key[len("$fn.") :], _invocation_arguments(tree[key]), pointer)
                 self._walk(tree[key], pointer, found, in_trigger)
                 if len(self.problems) == before:
                     self._dry_run(tree, pointer, in_trigger)
@@ -547,6 +571,7 @@ class _Checker:
             for node in _environment_nodes(expression.node):
                 if isinstance(node, expr.Call):
                     self._check_function(node.name, pointer)
+                    self._check_arity(node.name, node.args, pointer)
                     continue
                 assert isinstance(node, expr.Var)
                 self._template_reference(node, expression.source, pointer, found, in_trigger)
@@ -589,6 +614,17 @@ class _Checker:
 class _Found:
     outputs: list[tuple[str, str]] = field(default_factory=list)  # (step, pointer)
     statuses: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _invocation_arguments(value: Any) -> list[Any] | dict[str, Any]:
+    """How relay-core passes a `$fn.` map's value: a list positionally, a plain map by
+    keyword, anything else (a reference, a template, a scalar) as the one argument."""
+    if isinstance(value, list):
+        return value
+    if isinstance(value, dict) and "$type" not in value and "$encoding" not in value:
+        if not (len(value) == 1 and next(iter(value)).startswith("$fn.")):
+            return value
+    return [value]
 
 
 def _environment_nodes(node: expr.Node) -> Iterator[expr.Node]:
