@@ -81,6 +81,7 @@ INSTALLED_APPS = [
     "puppet_connection",
     "runs",
     "triggers",
+    "workflows",
 ]
 
 MIDDLEWARE = [

@@ -16,6 +16,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("api/", include("puppet_connection.api.urls")),
     path("api/", include("triggers.api.urls")),
+    path("api/", include("workflows.api.urls")),
     path("api/events", EventIngestView.as_view(), name="events"),
     path("_puppet/", include("runs.api.urls")),
     path("healthz", healthz, name="healthz"),
