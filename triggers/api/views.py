@@ -16,8 +16,9 @@ from triggers.api.serializers import (
     TriggerSerializer,
     TriggerTokenSerializer,
 )
-from triggers.ingest import body_name, receive
+from triggers.ingest import receive
 from triggers.models import Event, EventState, Trigger
+from triggers.objects import body_name
 
 
 @extend_schema_view(
@@ -59,8 +60,11 @@ class EventIngestView(APIView):
         ]
     )
 )
-class EventViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    """A trigger's events, newest first, to its owner (and staff)."""
+class EventViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet
+):
+    """A trigger's events, newest first, to its owner (and staff). Deleting one deletes its
+    stored body and parts too, unless another event shares them (triggers.objects)."""
 
     queryset = Event.objects.none()  # the model, for the schema; get_queryset() scopes
     serializer_class = EventSerializer
