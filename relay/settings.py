@@ -290,7 +290,7 @@ EVENTS_RETENTION_DAYS = env.int("EVENTS_RETENTION_DAYS", default=30)
 # Per-trigger budgets on POST /api/events, over which it answers 429 (0 turns one off). Sized
 # in README "Push triggers": 5,000 agents reporting every 30 minutes fit with room to spare.
 EVENTS_RATE_LIMIT_PER_MINUTE = env.int("EVENTS_RATE_LIMIT_PER_MINUTE", default=600)
-EVENTS_RATE_LIMIT_BYTES_PER_HOUR = env.int("EVENTS_RATE_LIMIT_BYTES_PER_HOUR", default=4 * 1024**3)
+EVENTS_RATE_LIMIT_BYTES_PER_HOUR = env.int("EVENTS_RATE_LIMIT_BYTES_PER_HOUR", default=8 * 1024**3)
 # Where users reach this service, for links in notifications.
 RELAY_PUBLIC_URL = env.str("RELAY_PUBLIC_URL", default="http://127.0.0.1:8000").rstrip("/")
 SLACK_TIMEOUT = env.float("SLACK_TIMEOUT", default=10.0)
