@@ -122,7 +122,7 @@ def test_the_admin_deletes_events_with_their_objects(alice, staff):
     assert stored(names(left)) == names(left)
 
 
-def test_objects_stay_until_the_delete_commits(alice):
+def test_objects_go_when_the_delete_commits_not_before(alice):
     _, token = make_trigger(alice)
     event = ingest(token, big_report(2))
     mine = names(event)
@@ -134,6 +134,11 @@ def test_objects_stay_until_the_delete_commits(alice):
     assert Event.objects.filter(pk=event.pk).exists()
     assert stored(mine) == mine
     assert ReleasedObject.objects.count() == 0
+
+    with transaction.atomic():
+        Event.objects.filter(pk=event.pk).delete()
+        assert stored(mine) == mine
+    assert stored(mine) == set()
 
 
 def test_what_a_delete_leaves_for_later_the_sweep_deletes(alice, alice_api, monkeypatch):
@@ -166,45 +171,86 @@ def test_a_report_sent_again_before_the_sweep_keeps_its_body(alice, alice_api, m
     assert b"".join(body.streaming_content) == report
 
 
+class HeldIngest:
+    """An ingest of a body stopped inside its transaction, after its claim, until release()."""
+
+    def __init__(self, event: Event) -> None:
+        self.event = event
+        self.claimed, self.commit = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+        assert self.claimed.wait(10)
+
+    def _run(self) -> None:
+        try:
+            with transaction.atomic():
+                assert objects.claim([body_name(self.event.body_sha256)]) == []  # still there
+                Event.objects.create(
+                    trigger_id=self.event.trigger_id,
+                    body_format="yaml",
+                    body_sha256=self.event.body_sha256,
+                    body_size=self.event.body_size,
+                )
+                self.claimed.set()
+                self.commit.wait(10)
+        finally:
+            connections.close_all()
+
+    def release(self) -> None:
+        self.commit.set()
+        self.thread.join(10)
+
+
+def in_a_thread(work) -> threading.Thread:
+    def run() -> None:
+        try:
+            work()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
 def test_a_deleter_waits_for_a_reference_being_added_and_then_sees_it(alice, monkeypatch):
     """The race in triggers.objects: an ingest holds its claim on a body, uncommitted, while
-    the body's only other event is deleted. The deleter waits for the claim's commit, then
-    sees the new event and keeps the body."""
+    the sweep would delete the body, released by its only other event's delete. The deleter
+    waits for the claim's commit, then sees the new event and keeps the body."""
     monkeypatch.setattr(objects, "DELETE_AFTER_COMMIT", 0)
-    trigger, token = make_trigger(alice)
+    _, token = make_trigger(alice)
     event = ingest(token, big_report(2))
     name = body_name(event.body_sha256)
     event.delete()
     assert ReleasedObject.objects.filter(name=name).exists()
 
-    claimed, commit = threading.Event(), threading.Event()
-
-    def ingest_the_same_body() -> None:
-        try:
-            with transaction.atomic():
-                assert objects.claim([name]) == []  # still there
-                Event.objects.create(
-                    trigger=trigger, body_format="yaml", body_sha256=event.body_sha256, body_size=1
-                )
-                claimed.set()
-                commit.wait(10)
-        finally:
-            connections.close_all()
-
-    ingester = threading.Thread(target=ingest_the_same_body)
-    ingester.start()
-    assert claimed.wait(10)
+    held = HeldIngest(event)
     deleted: list[int] = []
-    deleter = threading.Thread(
-        target=lambda: (deleted.append(objects.delete_released([name])), connections.close_all())
-    )
-    deleter.start()
+    deleter = in_a_thread(lambda: deleted.append(objects.delete_released([name])))
     deleter.join(1.0)
     assert deleter.is_alive(), "the deleter waits for the claim"
-    commit.set()
-    ingester.join(10)
+    held.release()
     deleter.join(10)
     assert deleted == [0]
+    assert storages["events"].exists(name)
+    assert Event.objects.filter(body_sha256=event.body_sha256).count() == 1
+
+
+def test_a_delete_while_a_reference_is_being_added_waits_for_it_and_then_sees_it(alice):
+    """The other order: no release pending when the ingest claims the body; then the body's
+    other event is deleted. Its release waits for the claim's commit, and after its own commit
+    the deleter sees the new event."""
+    _, token = make_trigger(alice)
+    event = ingest(token, big_report(2))
+    name = body_name(event.body_sha256)
+
+    held = HeldIngest(event)
+    deleter = in_a_thread(lambda: Event.objects.filter(pk=event.pk).delete())
+    deleter.join(1.0)
+    assert deleter.is_alive(), "the release waits for the claim"
+    held.release()
+    deleter.join(10)
+    assert not Event.objects.filter(pk=event.pk).exists()
     assert storages["events"].exists(name)
     assert Event.objects.filter(body_sha256=event.body_sha256).count() == 1
 
