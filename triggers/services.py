@@ -109,8 +109,9 @@ def _finish(event: Event, state: str, **fields: Any) -> bool:
             )
         )
         # The parts were saved (or found) before this transaction: claim them in it (see
-        # triggers.objects). The event updated first, the parts claimed second: a delete of
-        # this event holds its row, and waiting for it holding no part's row cannot deadlock.
+        # triggers.objects). Update first, claim second: a delete of this event locks its row
+        # before it releases names, so waiting for that lock while holding no claim cannot
+        # deadlock.
         names = [part["name"] for part in fields.get("parts", {}).values()]
         if names and finished and objects.claim(names):
             raise objects.Vanished(f"a part of event {event.pk} was deleted meanwhile")
