@@ -15,15 +15,17 @@ The race: an ingest of the same body (or a worker offloading the same part) may 
 object in storage, and so not saved it, while its event is not committed yet. A deleter that
 looked for references then would not see that event, would delete the object, and the event
 would commit pointing at nothing. Looking again after the commit does not help either (the
-ingest may look just before the deletion). So both sides write the same row, which orders
-them: whoever adds a reference claims the name in the transaction that adds it (claim(): an
-upsert of its row, which waits for a deleter holding it and cancels a pending release, then
-the delete of it) and only then checks that the object is still there, saving it again if
-not; the deleter takes the row with a write before it looks for references. Either the claim
-commits first, and the deleter finds no row (or sees the new event), or the deleter commits
-first, and the claim finds the object gone and saves it again. Writes rather than SELECT …
-FOR UPDATE, so that SQLite (`make run`, no row locks) serialises them the same way, through
-its database write lock.
+ingest may look just before the deletion). So both sides write the name's row, which orders
+them. Whoever adds a reference claims the name in the transaction that adds it (claim(): an
+upsert of the row, then its delete) and only then checks that the object is still there,
+saving it again if not. The deleter takes the row with a write before it looks for
+references. So: a deleter that took the row first has deleted the object and committed
+before the claim goes on, and the claim saves the object again; a claim that came first
+cancels the pending release, and the deleter, once the claim commits, finds no row; with no
+release pending, the claim's insert makes a release of the name (another event's delete) wait
+for the claim's commit, after which the deleter sees the new event. Writes rather than
+SELECT … FOR UPDATE, so that SQLite (`make run`, no row locks) serialises them the same way,
+through its database write lock.
 
 Not covered: a body saved by a request whose database write then failed (a resend of the
 report uses it again), and deletes that bypass the ORM.
