@@ -32,6 +32,8 @@ report uses it again), and deletes that bypass the ORM.
 """
 
 import logging
+import math
+import time
 from collections.abc import Iterable
 
 from django.core.files.storage import storages
@@ -48,6 +50,7 @@ log = logging.getLogger(__name__)
 # batch) wait for the sweep, so that a delete request does not wait for thousands of them.
 DELETE_AFTER_COMMIT = 100
 SWEEP_BATCH = 5000
+SWEEP_SECONDS = 40.0
 
 
 class Vanished(OSError):
@@ -125,12 +128,15 @@ def is_referenced(name: str) -> bool:
     return True
 
 
-def delete_released(names: Iterable[str]) -> int:
+def delete_released(names: Iterable[str], deadline: float = math.inf) -> int:
     """Delete the released objects among `names` that no event refers to; returns how many.
-    Stops at the first error (storage is probably down), leaving the rest for the sweep."""
+    Stops at the first error (storage is probably down), leaving the rest for the sweep, and
+    at `deadline` (time.monotonic())."""
     storage = storages["events"]
     deleted = 0
     for name in names:
+        if time.monotonic() >= deadline:
+            break
         try:
             with transaction.atomic():
                 # Take the row first (see the module's docstring); none: a claim cancelled the
@@ -157,9 +163,11 @@ def _requeue(name: str) -> None:
 
 
 def sweep() -> int:
-    """Delete released objects, oldest first, at most SWEEP_BATCH a run."""
+    """Delete released objects, oldest first: at most SWEEP_BATCH, for at most SWEEP_SECONDS
+    (so that runs every EVENTS_SWEEP_INTERVAL do not pile up on a slow store)."""
+    deadline = time.monotonic() + SWEEP_SECONDS
     names = list(ReleasedObject.objects.order_by("queued_at").values_list("name", flat=True)[:SWEEP_BATCH])
-    deleted = delete_released(names)
+    deleted = delete_released(names, deadline)
     if names:
-        log.info("released objects: %d looked at, %d deleted from storage", len(names), deleted)
+        log.info("released objects: %d deleted from storage, %d queued before this run", deleted, len(names))
     return deleted
