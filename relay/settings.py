@@ -260,6 +260,14 @@ CELERY_BEAT_SCHEDULE = {
         "task": "triggers.tasks.requeue_stuck_events",
         "schedule": env.float("EVENTS_SWEEP_INTERVAL", default=60.0),
     },
+    "purge-expired-events": {
+        "task": "triggers.tasks.purge_expired_events",
+        "schedule": env.float("EVENTS_SWEEP_INTERVAL", default=60.0),
+    },
+    "delete-released-objects": {
+        "task": "triggers.tasks.delete_released_objects",
+        "schedule": env.float("EVENTS_SWEEP_INTERVAL", default=60.0),
+    },
     "reconcile-vault-secrets": {
         "task": "relay.tasks.reconcile_vault_secrets",
         "schedule": env.float("VAULT_RECONCILE_INTERVAL", default=300.0),
@@ -286,6 +294,12 @@ EVENTS_MAX_BODY_BYTES = env.int("EVENTS_MAX_BODY_BYTES", default=64 * 1024 * 102
 EVENTS_MAX_DECOMPRESSED_BYTES = env.int("EVENTS_MAX_DECOMPRESSED_BYTES", default=256 * 1024 * 1024)
 EVENTS_MAX_GZIP_RATIO = env.int("EVENTS_MAX_GZIP_RATIO", default=100)
 EVENTS_STUCK_AFTER = env.int("EVENTS_STUCK_AFTER", default=120)  # seconds in `received`
+# Events older than this many days are deleted with their stored objects; 0 keeps them forever.
+EVENTS_RETENTION_DAYS = env.int("EVENTS_RETENTION_DAYS", default=30)
+# Per-trigger budgets on POST /api/events, over which it answers 429 (0 turns one off). Sized
+# in README "Push triggers": 5,000 agents reporting every 30 minutes fit with room to spare.
+EVENTS_RATE_LIMIT_PER_MINUTE = env.int("EVENTS_RATE_LIMIT_PER_MINUTE", default=600)
+EVENTS_RATE_LIMIT_BYTES_PER_HOUR = env.int("EVENTS_RATE_LIMIT_BYTES_PER_HOUR", default=8 * 1024**3)
 # Where users reach this service, for links in notifications.
 RELAY_PUBLIC_URL = env.str("RELAY_PUBLIC_URL", default="http://127.0.0.1:8000").rstrip("/")
 SLACK_TIMEOUT = env.float("SLACK_TIMEOUT", default=10.0)

@@ -14,6 +14,7 @@ for name in ("SECURE_SSL_REDIRECT", "SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE
 os.environ.setdefault("EVENTS_STORAGE_LOCATION", tempfile.mkdtemp(prefix="relay-events-"))
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")  # the tests' own Redis db
 os.environ.setdefault("RELAY_DEPLOYMENT_ID", "tests")  # the tag of the tests' Vault secrets
+os.environ.setdefault("REDIS_URL", os.environ["CELERY_BROKER_URL"])  # rate limits' counters too
 # conftest.py points these at the OpenBao dev server the test session starts.
 os.environ.setdefault("VAULT_ADDR", "http://127.0.0.1:1")
 

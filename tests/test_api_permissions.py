@@ -159,3 +159,13 @@ def test_someone_else_s_events_need_the_event_view_permission(alices_event, bao)
     for path in paths:
         assert event_viewer.get(path).status_code == 200, path
     assert_problem(client_for(user_with("view_event", staff=False, name="gina")).get(base), 404)
+
+
+def test_deleting_someone_else_s_event_needs_the_event_delete_permission(alices_event, bao):
+    base, event_id = alices_event
+    path = f"{base}{event_id}/"
+    assert_problem(client_for(user_with(name="dave")).delete(path), 404)
+    assert_problem(client_for(user_with("view_event", name="frank")).delete(path), 403)
+    assert client_for(user_with("view_event", name="henry")).get(path).status_code == 200  # still there
+    assert client_for(user_with("view_event", "delete_event", name="ida")).delete(path).status_code == 204
+    assert client_for(user_with("view_event", name="jan")).get(path).status_code == 404

@@ -175,6 +175,26 @@ def test_make_run_starts_everything_keeps_secrets_across_restarts_and_stops_clea
             service.url("/_puppet/runs"), headers={"Authorization": f"Bearer {token}"}, timeout=10
         )
         assert runs.status_code == 200
+        # Reports are taken (the rate limits count in the process), and deleted with their files.
+        user = {"Authorization": f"Token {key}"}
+        trigger = requests.post(service.url("/api/triggers/"), json={"name": "t"}, headers=user, timeout=10)
+        sent = requests.post(
+            service.url("/api/events"),
+            data=b"host: node1.example.com\nstatus: changed\n",
+            headers={
+                "Authorization": f"Bearer {trigger.json()['token']}",
+                "Content-Type": "application/x-yaml",
+            },
+            timeout=10,
+        )
+        assert sent.status_code == 202, sent.text
+        assert any(path.is_file() for path in (var / "events/bodies").rglob("*"))
+        event = f"/api/triggers/{trigger.json()['id']}/events/{sent.json()['id']}/"
+        assert requests.delete(service.url(event), headers=user, timeout=10).status_code == 204
+        deadline = time.monotonic() + 30  # parts the worker may have been writing meanwhile go too
+        while any(path.is_file() for path in (var / "events").rglob("*")) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not any(path.is_file() for path in (var / "events").rglob("*"))
         # The secret survived the restart in OpenBao's persistent storage.
         root = hvac.Client(
             f"http://127.0.0.1:{ports['VAULT_PORT']}",

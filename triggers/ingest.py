@@ -24,7 +24,9 @@ from rest_framework import exceptions
 
 from relay.api.exceptions import LengthRequired, PayloadTooLarge
 from relay.api.params import is_whole_number
+from triggers import objects, ratelimit
 from triggers.models import BodyFormat, Event, EventState, Trigger
+from triggers.objects import body_name
 
 log = logging.getLogger(__name__)
 CHUNK = 64 * 1024
@@ -107,15 +109,12 @@ def spool_body(request: HttpRequest, length: int, gzipped: bool, into: BinaryIO)
     return digest.hexdigest()
 
 
-def body_name(sha256: str) -> str:
-    return f"bodies/{sha256[:2]}/{sha256[2:4]}/{sha256}"
-
-
 def receive(request: HttpRequest, trigger: Trigger) -> tuple[Event, bool]:
     """Store the body and record the event. Returns (event, created): a resend (the same
     body, transaction_uuid or key again for the trigger) is the event already recorded."""
     fmt = body_format(request)
     length = content_length(request)
+    ratelimit.admit(trigger, length)  # before a byte of the body is read
     gzipped = request.META.get("HTTP_CONTENT_ENCODING", "").strip().lower() == "gzip"
     storage = storages["events"]
     # Up to SPOOL_IN_MEMORY of a body stays in memory, the rest goes to a temporary file: a
@@ -123,6 +122,8 @@ def receive(request: HttpRequest, trigger: Trigger) -> tuple[Event, bool]:
     with tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY) as spool:
         sha256 = spool_body(request, length, gzipped, spool)
         size = spool.tell()
+        if size > length:
+            ratelimit.count_bytes(trigger, size - length)  # what gunzipping added
         transaction_uuid, key = peek(spool, fmt, size)
         existing = _resent(trigger, sha256, transaction_uuid, key)
         if existing is not None:
@@ -131,17 +132,22 @@ def receive(request: HttpRequest, trigger: Trigger) -> tuple[Event, bool]:
         if not storage.exists(name):
             spool.seek(0)
             storage.save(name, File(spool))
-    # The body is durable now; the row is once this commits. Only then is the worker told.
-    with transaction.atomic():
-        event = Event.objects.create(
-            trigger=trigger,
-            body_format=fmt,
-            body_sha256=sha256,
-            body_size=size,
-            transaction_uuid=transaction_uuid,
-            key=key,
-        )
-        transaction.on_commit(lambda: _enqueue(event.pk))
+        # The body is durable now; the row is once this commits. Only then is the worker told.
+        with transaction.atomic():
+            # The body may be another event's, whose deletion just deleted it: see
+            # triggers.objects for why claiming, then looking, is race-free.
+            if objects.claim([name]):
+                spool.seek(0)
+                storage.save(name, File(spool))
+            event = Event.objects.create(
+                trigger=trigger,
+                body_format=fmt,
+                body_sha256=sha256,
+                body_size=size,
+                transaction_uuid=transaction_uuid,
+                key=key,
+            )
+            transaction.on_commit(lambda: _enqueue(event.pk))
     return event, True
 
 

@@ -4,6 +4,7 @@ import uuid
 
 from django.conf import settings
 from django.db import models, transaction
+from django.db.models.fields.json import KeyTransform
 from django.utils import timezone
 
 from puppet_connection.models import name_validator
@@ -97,10 +98,26 @@ class BodyFormat(models.TextChoices):
     YAML = "yaml"  # a Puppet YAML report, as Puppet's http processor sends it
 
 
+class EventQuerySet(models.QuerySet):
+    def delete(self) -> tuple[int, dict[str, int]]:
+        """Delete the events and release their stored objects (triggers.objects), in one
+        transaction: the admin's bulk delete, the retention purge and any other come here."""
+        from triggers import objects
+
+        with transaction.atomic(using=self.db):
+            objects.release_events(self)
+            return super().delete()
+
+
+# The keys of Event.parts, as triggers.services.process writes them.
+PART_KINDS = ("report", "logs", "events")
+
+
 class Event(models.Model):
     """A report as received. Its body is in storage under its SHA-256 (`body_sha256`); the
     worker fills `summary` and `parts` (offloaded logs, resource events and the normalised
-    report, each {"name", "size", "sha256"})."""
+    report, each {"name", "size", "sha256"}). Deleting events deletes those objects once no
+    other event refers to them (triggers.objects)."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     trigger = models.ForeignKey(Trigger, on_delete=models.CASCADE, related_name="events")
@@ -127,6 +144,8 @@ class Event(models.Model):
     notification_detail = models.TextField(blank=True)
     notified_at = models.DateTimeField(null=True, blank=True)
 
+    objects = EventQuerySet.as_manager()
+
     class Meta:
         ordering = ["-received_at"]
         indexes = [
@@ -135,6 +154,14 @@ class Event(models.Model):
             models.Index(fields=["trigger", "transaction_uuid"]),
             models.Index(fields=["trigger", "key"]),
             models.Index(fields=["trigger", "body_sha256"]),
+            # Who else refers to a stored object (triggers.objects.is_referenced), and what
+            # the retention purge deletes.
+            models.Index(fields=["body_sha256"], name="event_body_sha256"),
+            *(
+                models.Index(KeyTransform("name", KeyTransform(kind, "parts")), name=f"event_{kind}_part")
+                for kind in PART_KINDS
+            ),
+            models.Index(fields=["received_at"], name="event_received_at"),
         ]
         # One read report per (trigger, transaction_uuid) and per (trigger, key): a second is a
         # resend and ends `duplicate`. Enforced here so that two workers cannot both win.
@@ -153,3 +180,23 @@ class Event(models.Model):
 
     def __str__(self) -> str:
         return f"{self.host or 'event'} {self.id}"
+
+    def delete(self, using: str | None = None, keep_parents: bool = False) -> tuple[int, dict[str, int]]:
+        from triggers import objects
+
+        with transaction.atomic(using=using):
+            objects.release_events(Event.objects.filter(pk=self.pk))
+            return super().delete(using, keep_parents)
+
+
+class ReleasedObject(models.Model):
+    """An object in the events storage that a deleted event referred to: deleted from storage
+    once no event refers to it, then this row goes (triggers.objects). A row is also the lock
+    that a new reference to the same name takes (triggers.objects.claim)."""
+
+    name = models.CharField(primary_key=True, max_length=255)
+    # When it was released, or when its last deletion failed: the sweep takes the oldest first.
+    queued_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    def __str__(self) -> str:
+        return self.name

@@ -3,6 +3,7 @@
 import hashlib
 import json
 import logging
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -12,9 +13,9 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from triggers import parsing, slack
-from triggers.ingest import body_name
+from triggers import objects, parsing, slack
 from triggers.models import BodyFormat, Event, EventState
+from triggers.objects import body_name, part_name
 from triggers.reports import analyse, events_of, logs_of
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ def offload(value: Any) -> dict[str, Any]:
     """Store a part as JSON under its SHA-256; returns {name, size, sha256}."""
     data = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
     sha256 = hashlib.sha256(data).hexdigest()
-    name = f"parts/{sha256[:2]}/{sha256[2:4]}/{sha256}.json"
+    name = part_name(sha256)
     storage = storages["events"]
     if not storage.exists(name):
         storage.save(name, ContentFile(data))
@@ -100,11 +101,23 @@ def _original(event: Event, transaction_uuid: str, key: str) -> Event | None:
 
 def _finish(event: Event, state: str, **fields: Any) -> bool:
     # Only from `received`: a second delivery of the same task changes nothing.
-    return bool(
-        Event.objects.filter(pk=event.pk, state=EventState.RECEIVED).update(
-            state=state, processed_at=timezone.now(), **fields
+    with transaction.atomic():
+        finished = bool(
+            Event.objects.filter(pk=event.pk, state=EventState.RECEIVED).update(
+                state=state, processed_at=timezone.now(), **fields
+            )
         )
-    )
+        # The parts were saved (or found) before this transaction: claim them in it (see
+        # triggers.objects). Update first, claim second: a delete of this event locks its row
+        # before it releases names, so waiting for that lock while holding no claim cannot
+        # deadlock.
+        names = [part["name"] for part in fields.get("parts", {}).values()]
+        if names and finished and objects.claim(names):
+            raise objects.Vanished(f"a part of event {event.pk} was deleted meanwhile")
+        if names and not finished:
+            # Deleted (or finished by another delivery) meanwhile: the parts may be no one's.
+            objects.release(names)
+    return finished
 
 
 def _queue_notification(event_id: object) -> None:
@@ -137,3 +150,27 @@ def record_notification(event_id: str, outcome: str, detail: str) -> None:
     Event.objects.filter(pk=event_id, notification="pending").update(
         notification=outcome, notification_detail=detail[:2000], notified_at=timezone.now()
     )
+
+
+PURGE_BATCH = 500
+PURGE_MAX_BATCHES = 10
+
+
+def purge_received_before(moment: datetime) -> int:
+    """Delete events received before `moment`, oldest first, in transactions of PURGE_BATCH
+    (short row locks), at most PURGE_MAX_BATCHES a run; returns how many went. Their stored
+    objects are released with them and deleted once no event refers to them."""
+    purged = 0
+    for _ in range(PURGE_MAX_BATCHES):
+        ids = list(
+            Event.objects.filter(received_at__lt=moment)
+            .order_by("received_at")
+            .values_list("pk", flat=True)[:PURGE_BATCH]
+        )
+        if not ids:
+            break
+        _, deleted = Event.objects.filter(pk__in=ids).delete()
+        purged += deleted.get(Event._meta.label, 0)
+    if purged:
+        log.info("purged %d events received before %s", purged, moment.isoformat())
+    return purged

@@ -7,7 +7,7 @@ from django.db import DatabaseError
 from django.utils import timezone
 
 from relay import vault
-from triggers import services, slack
+from triggers import objects, services, slack
 from triggers.models import Event, EventState
 
 log = logging.getLogger(__name__)
@@ -66,3 +66,20 @@ def requeue_received_before(moment: object) -> int:
     if ids:
         log.info("requeued %d events stuck in received", len(ids))
     return len(ids)
+
+
+@shared_task(acks_late=True)
+def purge_expired_events() -> int:
+    """Delete the events received more than EVENTS_RETENTION_DAYS ago (none when it is 0),
+    with their stored objects (triggers.objects). Runs from beat; returns how many went."""
+    if settings.EVENTS_RETENTION_DAYS <= 0:
+        return 0
+    return services.purge_received_before(timezone.now() - timedelta(days=settings.EVENTS_RETENTION_DAYS))
+
+
+@shared_task(acks_late=True)
+def delete_released_objects() -> int:
+    """Delete the stored objects that deleted events released and no event refers to: those
+    the delete itself did not get to (storage down, or too many to do in the request).
+    Runs from beat; a storage error ends the run, and the next one tries again."""
+    return objects.sweep()

@@ -12,7 +12,7 @@ urlpatterns += [
     ),
     path(
         "triggers/<uuid:trigger_pk>/events/<uuid:pk>/",
-        EventViewSet.as_view({"get": "retrieve"}),
+        EventViewSet.as_view({"get": "retrieve", "delete": "destroy"}),
         name="trigger-event-detail",
     ),
     path(

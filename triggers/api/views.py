@@ -16,8 +16,9 @@ from triggers.api.serializers import (
     TriggerSerializer,
     TriggerTokenSerializer,
 )
-from triggers.ingest import body_name, receive
+from triggers.ingest import receive
 from triggers.models import Event, EventState, Trigger
+from triggers.objects import body_name
 
 
 @extend_schema_view(
@@ -59,8 +60,11 @@ class EventIngestView(APIView):
         ]
     )
 )
-class EventViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    """A trigger's events, newest first, to its owner and to staff who may view events."""
+class EventViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet
+):
+    """A trigger's events, newest first, to its owner and to staff who may view events. Deleting
+    one deletes its stored body and parts too, unless another event shares them (triggers.objects)."""
 
     queryset = Event.objects.none()  # the model, for the schema; get_queryset() scopes
     serializer_class = EventSerializer
@@ -89,6 +93,14 @@ class EventViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
             if value:
                 events = events.filter(**{field: value})
         return events
+
+    def perform_destroy(self, instance: Event) -> None:
+        user = self.request.user
+        if instance.trigger.owner_id != user.pk and not may_for_all(user, "delete", Event):
+            raise exceptions.PermissionDenied(
+                "Deleting another user's events needs the permission to delete events."
+            )
+        instance.delete()
 
     @extend_schema(responses={(200, "application/octet-stream"): bytes})
     def part(self, request: Request, trigger_pk: str, pk: str, name: str) -> FileResponse:
