@@ -268,6 +268,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "triggers.tasks.delete_released_objects",
         "schedule": env.float("EVENTS_SWEEP_INTERVAL", default=60.0),
     },
+    "sweep-workflow-runs": {
+        "task": "workflows.tasks.sweep_workflow_runs",
+        "schedule": env.float("WORKFLOW_SWEEP_INTERVAL", default=15.0),
+    },
     "reconcile-vault-secrets": {
         "task": "relay.tasks.reconcile_vault_secrets",
         "schedule": env.float("VAULT_RECONCILE_INTERVAL", default=300.0),
@@ -303,6 +307,16 @@ EVENTS_RATE_LIMIT_BYTES_PER_HOUR = env.int("EVENTS_RATE_LIMIT_BYTES_PER_HOUR", d
 # Where users reach this service, for links in notifications.
 RELAY_PUBLIC_URL = env.str("RELAY_PUBLIC_URL", default="http://127.0.0.1:8000").rstrip("/")
 SLACK_TIMEOUT = env.float("SLACK_TIMEOUT", default=10.0)
+
+# Workflows (workflows/engine.py). Times in seconds.
+APPROVAL_TIMEOUT = env.int("APPROVAL_TIMEOUT", default=3600)  # then the approval fails the run
+# How long a worker may hold a step while starting or checking it; past it, the sweeper
+# gives the step to another worker (its own was killed). Longer than any step's start.
+WORKFLOW_STEP_LEASE = env.int("WORKFLOW_STEP_LEASE", default=300)
+WORKFLOW_STEP_MAX_ATTEMPTS = env.int("WORKFLOW_STEP_MAX_ATTEMPTS", default=5)
+WORKFLOW_STUCK_AFTER = env.int("WORKFLOW_STUCK_AFTER", default=60)  # idle runs the sweeper looks at
+# The internal do-nothing step image (workflows/steps/noop.py), for tests and the bench only.
+WORKFLOW_NOOP_STEPS = env.bool("WORKFLOW_NOOP_STEPS", default=False)
 
 # How often "last used" may be written for one token.
 TOKEN_LAST_USED_RESOLUTION = 60

@@ -22,6 +22,7 @@ from django.db import models, transaction
 from django.utils import timezone
 
 from puppet_connection.models import PuppetConnection
+from runs.signals import run_changed
 
 
 class Status(models.TextChoices):
@@ -183,6 +184,7 @@ class Run(models.Model):
                     token_prefix=token_prefix,
                     note=note,
                 )
+                self._changed()
         if won:
             for field, value in {"updated_at": now, **changes}.items():
                 setattr(self, field, value)
@@ -281,6 +283,11 @@ class Run(models.Model):
             RunTransition.objects.create(
                 run_id=self.pk, at=now, from_status=old, to_status=self.status, token_prefix=token_prefix
             )
+            self._changed()
+
+    def _changed(self) -> None:
+        """Tell listeners (a workflow step waiting on this run) once the change commits."""
+        transaction.on_commit(lambda: run_changed.send(sender=Run, run=self))
 
     def _same_completion(self, data: dict[str, Any]) -> bool:
         return (

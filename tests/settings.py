@@ -17,6 +17,8 @@ os.environ.setdefault("RELAY_DEPLOYMENT_ID", "tests")  # the tag of the tests' V
 os.environ.setdefault("REDIS_URL", os.environ["CELERY_BROKER_URL"])  # rate limits' counters too
 # conftest.py points these at the OpenBao dev server the test session starts.
 os.environ.setdefault("VAULT_ADDR", "http://127.0.0.1:1")
+# The engine's internal do-nothing step (workflows/steps/noop.py), here and in test workers.
+os.environ.setdefault("WORKFLOW_NOOP_STEPS", "true")
 
 from relay.settings import *  # noqa: E402, F403
 
@@ -36,6 +38,7 @@ TEST_ONLY_ENV = (
     "CELERY_",
     "EVENTS_",
     "RELAY_DEPLOYMENT_ID",
+    "WORKFLOW_",
 )
 
 

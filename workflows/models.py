@@ -1,12 +1,21 @@
+import logging
 import uuid
+from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import models, transaction
+from django.db.models.signals import post_delete
+from django.dispatch import receiver
 from django.utils import timezone
+from django.views.decorators.debug import sensitive_variables
 
 from puppet_connection.models import name_validator
+from relay import vault
 from workflows.dialect import validate
 from workflows.dialect.workflow import Workflow as ParsedWorkflow
+
+log = logging.getLogger(__name__)
 
 
 class Workflow(models.Model):
@@ -71,3 +80,482 @@ class WorkflowRevision(models.Model):
     def parsed(self) -> ParsedWorkflow:
         """The document as the engine uses it (it was valid when saved)."""
         return validate.parse(self.source)
+
+
+# Runs -----------------------------------------------------------------------------------------
+#
+# A run pins the revision it started from and has one StepRun per step of it. Statuses and
+# outcomes are RFC 0005's. Every change of a step's status is a compare-and-set UPDATE that
+# names what it leaves (and, for a step a worker holds, the worker's lease), so a duplicated
+# message, a slow worker or a sweeper can never both win. workflows.engine moves runs along.
+
+
+class RunStatus(models.TextChoices):
+    INITIALIZING = "initializing"  # created; no worker has looked at it yet
+    IN_PROGRESS = "in-progress"
+    COMPLETE = "complete"
+
+
+class RunOutcome(models.TextChoices):
+    SUCCESS = "success"
+    FAILURE = "failure"
+    SYSTEM_ERROR = "system-error"
+    CANCELLED = "cancelled"
+
+
+class StepStatus(models.TextChoices):
+    PENDING = "pending"  # waiting for the steps it comes after
+    IN_PROGRESS = "in-progress"  # started: being worked, or waiting without a worker
+    SUCCESS = "success"
+    FAILURE = "failure"
+    SYSTEM_ERROR = "system-error"
+    SKIPPED = "skipped"
+    CANCELLED = "cancelled"
+
+
+RESOLVED = frozenset(
+    {
+        StepStatus.SUCCESS,
+        StepStatus.FAILURE,
+        StepStatus.SYSTEM_ERROR,
+        StepStatus.SKIPPED,
+        StepStatus.CANCELLED,
+    }
+)
+
+
+class Decision(models.TextChoices):
+    NONE = "", "none"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+
+
+class Conflict(Exception):
+    """The request does not fit the run's or step's current state; the message says why."""
+
+
+class WorkflowRun(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="runs")
+    # Revisions go only with their workflow (and its runs with it).
+    revision = models.ForeignKey(WorkflowRevision, on_delete=models.RESTRICT, related_name="runs")
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.INITIALIZING)
+    outcome = models.CharField(max_length=16, choices=RunOutcome.choices, blank=True)
+    message = models.TextField(blank=True)
+    parameters = models.JSONField(default=dict, blank=True)  # bound: given values and defaults
+    # The push event that started it; a purged event leaves the run.
+    event = models.ForeignKey(
+        "triggers.Event", null=True, blank=True, on_delete=models.SET_NULL, related_name="workflow_runs"
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    cancel_requested = models.BooleanField(default=False)
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["workflow", "-created_at"]),
+            models.Index(fields=["status", "created_at"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.workflow.name} run {self.id}"
+
+    @property
+    def owner_id(self) -> int:
+        """The workflow's owner: a run is theirs (relay.api.permissions)."""
+        return self.workflow.owner_id
+
+    def begin(self) -> bool:
+        """initializing → in-progress, once."""
+        now = timezone.now()
+        won = WorkflowRun.objects.filter(pk=self.pk, status=RunStatus.INITIALIZING).update(
+            status=RunStatus.IN_PROGRESS, started_at=now
+        )
+        if won:
+            self.status, self.started_at = RunStatus.IN_PROGRESS, now
+        return bool(won)
+
+    def finish(self, outcome: str, message: str = "") -> bool:
+        """→ complete with `outcome`, once."""
+        now = timezone.now()
+        won = (
+            WorkflowRun.objects.filter(pk=self.pk)
+            .exclude(status=RunStatus.COMPLETE)
+            .update(status=RunStatus.COMPLETE, outcome=outcome, message=message, ended_at=now)
+        )
+        if won:
+            self.status, self.outcome, self.message, self.ended_at = RunStatus.COMPLETE, outcome, message, now
+        return bool(won)
+
+    def request_cancel(self) -> None:
+        """Mark the run cancelled; the engine then skips and cancels its steps. Raises
+        Conflict when it is complete. Asking twice is no error."""
+        updated = (
+            WorkflowRun.objects.filter(pk=self.pk)
+            .exclude(status=RunStatus.COMPLETE)
+            .update(cancel_requested=True)
+        )
+        self.refresh_from_db(fields=["status", "outcome", "cancel_requested"])
+        if not updated:
+            raise Conflict(f"The run is complete ({self.outcome}); there is nothing to cancel.")
+
+
+class StepKind(models.TextChoices):
+    CONTAINER = "container"
+    APPROVAL = "approval"
+
+
+class StepRun(models.Model):
+    """One step of a run.
+
+    A worker that starts or checks a step holds it by a lease (`lease_id`, until
+    `lease_until`): only the holder may record what happened, and the sweeper takes the step
+    back once the lease has run out (a killed worker). `state` is None until the step's start
+    has been recorded; then it is what the step's last Wait kept. A waiting step holds no
+    lease: it is checked again when `wake_kind`/`wake_key` is woken, or at `recheck_at`."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="steps")
+    index = models.PositiveIntegerField()  # place in the document
+    name = models.CharField(max_length=255)
+    kind = models.CharField(max_length=16, choices=StepKind.choices, default=StepKind.CONTAINER)
+    image = models.CharField(max_length=512, blank=True)
+    status = models.CharField(max_length=16, choices=StepStatus.choices, default=StepStatus.PENDING)
+    outputs = models.JSONField(default=dict, blank=True)
+    state = models.JSONField(null=True, blank=True)
+    message = models.TextField(blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+    recheck_at = models.DateTimeField(null=True, blank=True)
+    wake_kind = models.CharField(max_length=32, blank=True)
+    wake_key = models.CharField(max_length=255, blank=True)
+    woken = models.BooleanField(default=False)  # woken while a worker held it: check again
+    lease_id = models.UUIDField(null=True, blank=True)
+    lease_until = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0)  # tries since the last recorded outcome
+    # Steps whose failure this step's `when` took care of (RFC 0005: a condition on the
+    # failed step's status that was true): their failure does not fail the run.
+    excused = models.JSONField(default=list, blank=True)
+    decision = models.CharField(max_length=16, choices=Decision.choices, blank=True)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run_id", "index"]
+        constraints = [models.UniqueConstraint(fields=["run", "name"], name="unique_step_name_per_run")]
+        indexes = [
+            models.Index(fields=["wake_kind", "wake_key"], name="steprun_wake"),
+            models.Index(fields=["status", "lease_until"], name="steprun_lease"),
+            models.Index(fields=["status", "recheck_at"], name="steprun_recheck"),
+        ]
+        permissions = [("approve_steprun", "Can approve or reject approval steps")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def resolved(self) -> bool:
+        return self.status in RESOLVED
+
+    def _cas(self, where: models.Q, **changes: Any) -> bool:
+        """UPDATE this step WHERE `where`; on a win, this object takes the changes too."""
+        changes["updated_at"] = timezone.now()
+        won = StepRun.objects.filter(where, pk=self.pk).update(**changes)
+        if won:
+            for name, value in changes.items():
+                setattr(self, name, value)
+        return bool(won)
+
+    # Before the start: decided from the graph and `when`, no worker holds the step.
+
+    def skip(self, message: str, excused: list[str] | None = None) -> bool:
+        return self._cas(
+            models.Q(status=StepStatus.PENDING),
+            status=StepStatus.SKIPPED,
+            message=message,
+            excused=excused or [],
+        )
+
+    def fail_unstarted(self, message: str, excused: list[str]) -> bool:
+        """It should run but cannot (an image nothing here runs, a `when` that cannot be
+        decided): failure, without a start."""
+        now = timezone.now()
+        return self._cas(
+            models.Q(status=StepStatus.PENDING),
+            status=StepStatus.FAILURE,
+            message=message,
+            excused=excused,
+            started_at=now,
+            ended_at=now,
+        )
+
+    def claim(self, lease_seconds: float, excused: list[str]) -> uuid.UUID | None:
+        """pending → in-progress, held by a new lease: exactly once, whatever the number of
+        messages that ask for it. Returns the lease, or None when another got there first."""
+        now = timezone.now()
+        lease = uuid.uuid4()
+        won = self._cas(
+            models.Q(status=StepStatus.PENDING),
+            status=StepStatus.IN_PROGRESS,
+            started_at=now,
+            lease_id=lease,
+            lease_until=now + timedelta(seconds=lease_seconds),
+            attempts=1,
+            excused=excused,
+        )
+        return lease if won else None
+
+    def await_answer(self, timeout: float, excused: list[str]) -> bool:
+        """An approval: pending → in-progress, waiting for a decision until `timeout` seconds."""
+        now = timezone.now()
+        return self._cas(
+            models.Q(status=StepStatus.PENDING),
+            status=StepStatus.IN_PROGRESS,
+            started_at=now,
+            state={"timeout": timeout},
+            recheck_at=now + timedelta(seconds=timeout),
+            excused=excused,
+        )
+
+    # In progress: a worker holds the step by its lease.
+
+    def reclaim(self, lease_seconds: float, max_attempts: int) -> uuid.UUID | None:
+        """Take a step in progress that no live lease holds (waiting, or its worker died).
+        Returns the new lease; None when another holds it or when it has been tried
+        `max_attempts` times without an outcome (the caller then gives up on it)."""
+        now = timezone.now()
+        lease = uuid.uuid4()
+        free = models.Q(lease_id__isnull=True) | models.Q(lease_until__lt=now)
+        won = self._cas(
+            free & models.Q(status=StepStatus.IN_PROGRESS, attempts__lt=max_attempts),
+            lease_id=lease,
+            lease_until=now + timedelta(seconds=lease_seconds),
+            attempts=models.F("attempts") + 1,
+            woken=False,
+        )
+        if won:
+            self.refresh_from_db(fields=["attempts"])
+        return lease if won else None
+
+    def mark_woken(self) -> bool:
+        """A wake for a step a worker holds now: its holder checks again when it is done."""
+        return self._cas(models.Q(status=StepStatus.IN_PROGRESS, lease_id__isnull=False), woken=True)
+
+    def record_done(self, lease: uuid.UUID, success: bool, outputs: dict[str, Any], message: str) -> bool:
+        return self._cas(
+            models.Q(status=StepStatus.IN_PROGRESS, lease_id=lease),
+            status=StepStatus.SUCCESS if success else StepStatus.FAILURE,
+            outputs={**self.outputs, **outputs},
+            message=message,
+            ended_at=timezone.now(),
+            lease_id=None,
+            lease_until=None,
+            recheck_at=None,
+        )
+
+    def record_wait(
+        self,
+        lease: uuid.UUID,
+        state: dict[str, Any],
+        outputs: dict[str, Any],
+        recheck_at: datetime,
+        wake_on: tuple[str, str] | None,
+    ) -> bool:
+        kind, key = wake_on or ("", "")
+        return self._cas(
+            models.Q(status=StepStatus.IN_PROGRESS, lease_id=lease),
+            state=state,
+            outputs={**self.outputs, **outputs},
+            recheck_at=recheck_at,
+            wake_kind=kind,
+            wake_key=key,
+            lease_id=None,
+            lease_until=None,
+            attempts=0,
+        )
+
+    def take_wake(self) -> bool:
+        """After a Wait was recorded: True (once) if a wake came while the step was held."""
+        return self._cas(
+            models.Q(status=StepStatus.IN_PROGRESS, lease_id__isnull=True, woken=True), woken=False
+        )
+
+    def end(self, lease: uuid.UUID, status: str, message: str) -> bool:
+        """The holder ends the step without a handler's outcome: failure (what it refers to is
+        not there), system-error (the worker could not do its job), or cancelled."""
+        return self._cas(
+            models.Q(status=StepStatus.IN_PROGRESS, lease_id=lease),
+            status=status,
+            message=message,
+            ended_at=timezone.now(),
+            lease_id=None,
+            lease_until=None,
+            recheck_at=None,
+        )
+
+    def release(self, lease: uuid.UUID, message: str, retry_after: float) -> bool:
+        """The holder could not finish (an exception): the step may be taken again after
+        `retry_after` seconds (the sweeper does, or the retry the task queued)."""
+        return self._cas(
+            models.Q(status=StepStatus.IN_PROGRESS, lease_id=lease),
+            message=message,
+            lease_until=timezone.now() + timedelta(seconds=retry_after),
+        )
+
+    def give_up(self, max_attempts: int) -> bool:
+        """Tried `max_attempts` times without an outcome, and no live lease: system-error."""
+        now = timezone.now()
+        free = models.Q(lease_id__isnull=True) | models.Q(lease_until__lt=now)
+        reason = self.message or "the worker stopped before it could record an outcome"
+        return self._cas(
+            free & models.Q(status=StepStatus.IN_PROGRESS, attempts__gte=max_attempts),
+            status=StepStatus.SYSTEM_ERROR,
+            message=f"Gave up after {max_attempts} attempts: {reason}",
+            ended_at=now,
+            lease_id=None,
+            lease_until=None,
+            recheck_at=None,
+        )
+
+    # Approvals: no worker holds them; the answer ends them.
+
+    def approve(self, user: Any) -> None:
+        self._decide(user, Decision.APPROVED, StepStatus.SUCCESS, f"Approved by {user.get_username()}.")
+
+    def reject(self, user: Any) -> None:
+        self._decide(user, Decision.REJECTED, StepStatus.FAILURE, f"Rejected by {user.get_username()}.")
+
+    def _decide(self, user: Any, decision: str, status: str, message: str) -> None:
+        if self.kind != StepKind.APPROVAL:
+            raise Conflict(f"Step {self.name!r} is not an approval.")
+        now = timezone.now()
+        waiting = models.Q(status=StepStatus.IN_PROGRESS, decision="")
+        if not self._cas(
+            waiting,
+            status=status,
+            decision=decision,
+            decided_by=user,
+            decided_at=now,
+            message=message,
+            ended_at=now,
+            recheck_at=None,
+        ):
+            self.refresh_from_db()
+            if self.status == StepStatus.PENDING:
+                raise Conflict(f"Approval {self.name!r} is not waiting for an answer yet.")
+            raise Conflict(f"Approval {self.name!r} is {self.status}; it can no longer be answered.")
+
+    def time_out(self, message: str) -> bool:
+        """An approval nobody answered before its `recheck_at`: failure."""
+        now = timezone.now()
+        return self._cas(
+            models.Q(status=StepStatus.IN_PROGRESS, decision="", lease_id__isnull=True, recheck_at__lte=now),
+            status=StepStatus.FAILURE,
+            message=message,
+            ended_at=now,
+            recheck_at=None,
+        )
+
+    def cancel_waiting(self, message: str) -> bool:
+        """A step in progress that no worker holds (an approval, or a step whose worker
+        has gone) ends cancelled."""
+        now = timezone.now()
+        free = models.Q(lease_id__isnull=True) | models.Q(lease_until__lt=now)
+        return self._cas(
+            free & models.Q(status=StepStatus.IN_PROGRESS),
+            status=StepStatus.CANCELLED,
+            message=message,
+            ended_at=now,
+            lease_id=None,
+            lease_until=None,
+            recheck_at=None,
+        )
+
+
+class Approval(StepRun):
+    """Approval steps, for their page in the admin."""
+
+    class Meta:
+        proxy = True
+
+
+# Secrets --------------------------------------------------------------------------------------
+
+
+class WorkflowSecret(models.Model):
+    """A workflow's secret, by name. Its value lives in Vault only, at
+    `<VAULT_PATH_PREFIX>/workflows/<workflow uuid>/secrets/<name>` (key `value`), tagged with
+    this deployment like every other secret; it is never shown back. The engine reads the
+    ones a step refers to when the step starts."""
+
+    MAX_LENGTH = 65536
+
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="secrets")
+    name = models.CharField(max_length=64, validators=[name_validator])
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    updated_at = models.DateTimeField(default=timezone.now, editable=False)
+    updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["workflow_id", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["workflow", "name"], name="unique_secret_name_per_workflow")
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @staticmethod
+    def path_for(workflow_id: uuid.UUID, name: str) -> str:
+        return vault.path_for("workflows", f"{workflow_id}/secrets/{name}")
+
+    @property
+    def vault_path(self) -> str:
+        return self.path_for(self.workflow_id, self.name)
+
+    @classmethod
+    @sensitive_variables("value")
+    def put(cls, workflow: Workflow, name: str, value: str, user: Any) -> "WorkflowSecret":
+        """Create or replace. The row is written first and Vault last in one transaction, so
+        a Vault failure (VaultUnavailable) leaves neither; the row lock and Vault's
+        check-and-set keep two writers from losing each other's versions."""
+        with transaction.atomic():
+            secret, _ = cls.objects.select_for_update().get_or_create(workflow=workflow, name=name)
+            secret.updated_at, secret.updated_by = timezone.now(), user
+            secret.save(update_fields=["updated_at", "updated_by"])
+            _, version = vault.read_with_version(secret.vault_path)
+            vault.write(secret.vault_path, {"value": value}, cas=version)
+        return secret
+
+    @classmethod
+    def value_of(cls, workflow_id: uuid.UUID, name: str) -> str | None:
+        """The value, read from Vault; None when the workflow has no such secret."""
+        if not cls.objects.filter(workflow_id=workflow_id, name=name).exists():
+            return None
+        data = vault.read(cls.path_for(workflow_id, name))
+        return None if data is None else data.get("value")
+
+
+@receiver(post_delete, sender=WorkflowSecret)
+def _delete_secret_value(sender: type, instance: WorkflowSecret, **kwargs: object) -> None:
+    """A deleted secret's value goes too, after the commit (with the workflow as well). If
+    Vault is down then, the value stays there, and the log says where."""
+    path = instance.vault_path
+
+    def purge() -> None:
+        try:
+            vault.delete(path)
+        except vault.VaultUnavailable as exc:
+            log.warning("vault secret %s of a deleted workflow secret left behind: %s", path, exc)
+
+    transaction.on_commit(purge)

@@ -1,0 +1,111 @@
+"""Real Celery workers for the workflow engine's tests, on the tests' Redis db and database."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from django.contrib.auth.models import User
+from django.db import connection
+
+from workflows import engine
+from workflows.models import StepRun, Workflow, WorkflowRun
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class EngineWorker:
+    """`celery worker` in its own process (prefork with `concurrency` children, or solo),
+    with the internal do-nothing step image turned on; its log goes to `log_path`."""
+
+    def __init__(self, log_path: Path, concurrency: int = 4, pool: str = "prefork", **env: str) -> None:
+        db = connection.settings_dict
+        self.log_path = log_path
+        self.process = subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "celery"),
+                "-A",
+                "relay",
+                "worker",
+                "--pool",
+                pool,
+                "--concurrency",
+                str(concurrency),
+                "--without-heartbeat",
+                "--without-gossip",
+                "--without-mingle",
+                "--loglevel",
+                "INFO",
+            ],
+            cwd=ROOT,
+            env={
+                **os.environ,
+                "DJANGO_SETTINGS_MODULE": "tests.settings",
+                "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+                "WORKFLOW_NOOP_STEPS": "true",
+                **env,
+            },
+            stdout=log_path.open("ab"),
+            stderr=subprocess.STDOUT,
+        )
+        wait_until(lambda: b"ready." in log_path.read_bytes() or self.process.poll() is not None, 60)
+        assert self.process.poll() is None, log_path.read_text()[-3000:]
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def wait_until(check: Callable[[], object], timeout: float = 30, every: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(every)
+    raise AssertionError("timed out")
+
+
+def make_workflow(owner: User, source: str, name: str = "wf") -> Workflow:
+    workflow = Workflow.objects.create(owner=owner, name=name)
+    workflow.add_revision(source, owner)
+    return workflow
+
+
+def run_of(owner: User, source: str, parameters: dict | None = None, name: str = "wf") -> WorkflowRun:
+    return engine.create_run(make_workflow(owner, source, name), parameters or {}, created_by=owner)
+
+
+def finished(run: WorkflowRun, timeout: float = 30) -> WorkflowRun:
+    """The run once complete."""
+    wait_until(lambda: WorkflowRun.objects.get(pk=run.pk).status == "complete", timeout)
+    return WorkflowRun.objects.get(pk=run.pk)
+
+
+def steps_of(run: WorkflowRun) -> dict[str, StepRun]:
+    return {step.name: step for step in StepRun.objects.filter(run=run)}
+
+
+def statuses(run: WorkflowRun) -> dict[str, str]:
+    return {name: step.status for name, step in steps_of(run).items()}
+
+
+def step_in(run: WorkflowRun, name: str, status: str, timeout: float = 30) -> StepRun:
+    wait_until(lambda: StepRun.objects.get(run=run, name=name).status == status, timeout)
+    return StepRun.objects.get(run=run, name=name)
+
+
+NOOP = "relay-internal/noop"

@@ -1,0 +1,640 @@
+"""The workflow engine: what moves a run along. Celery tasks (workflows.tasks) call these
+functions with ids; every bit of state is in the database, so any worker can pick up any run,
+a duplicated message does nothing twice, and a lost one is sent again by the sweeper.
+
+A run's life:
+
+- `create_run` binds the parameters (a missing one: a 400 for the API, or a run that fails
+  before any step starts), makes the run and its steps (`pending`) and queues `start_run`;
+- `advance` (after every step that ends) queues `start_step` for each pending step whose
+  predecessors (dependsOn, output and !Status references) have all ended, and completes the
+  run with its outcome when every step has;
+- `start_step` decides the step: skipped when a step it needs did not end `success` or its
+  `when` is false; otherwise it claims it (a compare-and-set, so one message wins) and calls
+  its handler's start with the evaluated spec. An approval waits for its answer instead;
+- a handler that returns Wait leaves the step in progress with no worker; `wake(kind, key)`
+  or the step's recheck time brings it back (`resume_step`, which calls the handler's check);
+- `sweep` (beat) re-queues what a lost message or a killed worker left behind.
+
+RFC 0005's rules: `dependsOn` means "ended success"; a failed step fails the run unless a
+condition on its status in a later step's `when` was true (that step lists it in
+`excused`); a step in `system-error` stops the run, which ends `system-error`.
+"""
+
+import logging
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
+from functools import lru_cache
+from typing import Any, Literal
+
+from django.conf import settings
+from django.db import models, transaction
+from django.db.models import Exists, Max, OuterRef
+from django.utils import timezone
+
+from workflows import tasks
+from workflows.dialect import validate
+from workflows.dialect.errors import EvaluationError
+from workflows.dialect.evaluate import Data, evaluate
+from workflows.dialect.model import Result, Unresolvable
+from workflows.dialect.values import type_name
+from workflows.dialect.workflow import Step as StepSpec
+from workflows.dialect.workflow import Workflow as ParsedWorkflow
+from workflows.models import (
+    RESOLVED,
+    RunOutcome,
+    RunStatus,
+    StepKind,
+    StepRun,
+    StepStatus,
+    Workflow,
+    WorkflowRevision,
+    WorkflowRun,
+    WorkflowSecret,
+)
+from workflows.steps import registry
+from workflows.steps.base import Done, Outcome, StepContext, Wait
+
+log = logging.getLogger(__name__)
+
+
+# Documents -----------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=256)
+def parsed(revision_id: int) -> ParsedWorkflow:
+    """A revision's document as the engine uses it. Revisions never change, so each process
+    parses each one once (a published workflow takes about 4 ms, 200 steps 0.2 s)."""
+    source = WorkflowRevision.objects.values_list("source", flat=True).get(pk=revision_id)
+    return validate.parse(source)
+
+
+# Creating a run ------------------------------------------------------------------------------
+
+
+class ParameterError(Exception):
+    """Parameters a run cannot start with: required ones missing, or ones the workflow does
+    not declare."""
+
+    def __init__(self, missing: list[str], unknown: list[str]) -> None:
+        self.missing, self.unknown = missing, unknown
+        parts = []
+        if missing:
+            parts.append("missing required parameters: " + ", ".join(missing))
+        if unknown:
+            parts.append("parameters the workflow does not declare: " + ", ".join(unknown))
+        super().__init__("; ".join(parts).capitalize() + ".")
+
+
+def bind_parameters(document: ParsedWorkflow, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The values a run starts with: those given, then the defaults. Raises ParameterError."""
+    unknown = sorted(name for name in given if name not in document.parameters)
+    bound: dict[str, Any] = {}
+    missing = []
+    for name, parameter in document.parameters.items():
+        if name in given:
+            bound[name] = given[name]
+        elif parameter.has_default:
+            bound[name] = parameter.default
+        else:
+            missing.append(name)
+    if missing or unknown:
+        raise ParameterError(missing, unknown)
+    return bound
+
+
+def create_run(
+    workflow: Workflow,
+    parameters: Mapping[str, Any],
+    *,
+    created_by: Any = None,
+    event: Any = None,
+    strict: bool = True,
+) -> WorkflowRun:
+    """Start a run of the workflow's newest revision.
+
+    With `strict` (the API), parameters it cannot start with raise ParameterError and
+    nothing is made. Without (a trigger's event), the run is made and fails at once, every
+    step `skipped`, with the reason in its message: the event's run is on record."""
+    revision = workflow.latest_revision()
+    if revision is None:
+        raise ValueError(f"workflow {workflow.pk} has no revision")
+    document = parsed(revision.pk)
+    try:
+        bound, problem = bind_parameters(document, parameters), None
+    except ParameterError as exc:
+        if strict:
+            raise
+        bound, problem = dict(parameters), exc
+    with transaction.atomic():
+        run = WorkflowRun.objects.create(
+            workflow=workflow, revision=revision, parameters=bound, event=event, created_by=created_by
+        )
+        StepRun.objects.bulk_create(
+            StepRun(
+                run=run,
+                index=index,
+                name=step.name,
+                kind=step.kind,
+                image=step.container.image if step.container else "",
+                status=StepStatus.PENDING if problem is None else StepStatus.SKIPPED,
+            )
+            for index, step in enumerate(document.steps)
+        )
+        if problem is not None:
+            run.finish(RunOutcome.FAILURE, str(problem))
+        else:
+            _queue(tasks.start_run, run.pk)
+    log.info("workflow run %s of %s created", run.pk, workflow.pk)
+    return run
+
+
+def start_run(run_id: str) -> None:
+    run = WorkflowRun.objects.filter(pk=run_id).first()
+    if run is None:
+        return
+    run.begin()
+    advance(run_id)
+
+
+# Moving a run along --------------------------------------------------------------------------
+
+
+def advance(run_id: Any) -> None:
+    """Queue every pending step whose predecessors have all ended; complete the run when
+    every step has. Idempotent: called after each step ends, and by the sweeper."""
+    run = WorkflowRun.objects.filter(pk=run_id).first()
+    if run is None or run.status == RunStatus.COMPLETE:
+        return
+    if run.status == RunStatus.INITIALIZING and not run.cancel_requested:
+        return  # start_run begins it
+    steps = list(run.steps.only("id", "name", "status", "message", "excused"))
+    if all(step.resolved for step in steps):
+        outcome, message = _outcome(run, steps)
+        if run.finish(outcome, message):
+            log.info("workflow run %s complete: %s", run.pk, outcome)
+        return
+    if run.cancel_requested:
+        return  # cancel_run skipped the pending steps and is cancelling the rest
+    document = parsed(run.revision_id)
+    by_name = {step.name: step for step in steps}
+    for step in steps:
+        if step.status == StepStatus.PENDING and all(
+            by_name[name].resolved for name in document.step(step.name).after
+        ):
+            _queue(tasks.start_step, step.pk)
+
+
+def _outcome(run: WorkflowRun, steps: list[StepRun]) -> tuple[str, str]:
+    broken = [step for step in steps if step.status == StepStatus.SYSTEM_ERROR]
+    if broken:
+        return RunOutcome.SYSTEM_ERROR, f"Step {broken[0].name!r} could not be run: {broken[0].message}"
+    if run.cancel_requested:
+        return RunOutcome.CANCELLED, "Cancelled."
+    excused = {name for step in steps for name in step.excused}
+    failed = [step.name for step in steps if step.status == StepStatus.FAILURE and step.name not in excused]
+    if failed:
+        return RunOutcome.FAILURE, "Failed: " + ", ".join(failed) + "."
+    return RunOutcome.SUCCESS, ""
+
+
+class _Undecidable(Exception):
+    """A step's `when` or spec cannot be evaluated; the message says why, for its author."""
+
+
+def start_step(step_id: str) -> None:
+    """Decide a pending step whose predecessors have ended, and start it (exactly once)."""
+    step = StepRun.objects.select_related("run", "run__workflow").filter(pk=step_id).first()
+    if step is None or step.status != StepStatus.PENDING:
+        return
+    run = step.run
+    if run.status != RunStatus.IN_PROGRESS or run.cancel_requested:
+        return
+    document = parsed(run.revision_id)
+    spec = document.step(step.name)
+    steps = {s.name: s for s in run.steps.only("name", "status", "outputs")}
+    if not all(steps[name].resolved for name in spec.after):
+        return  # an early or repeated message; advance queues it again when it is time
+    not_success = [name for name in spec.needs if steps[name].status != StepStatus.SUCCESS]
+    if not_success:
+        which = ", ".join(f"{name!r} ended {steps[name].status}" for name in not_success)
+        if step.skip(f"Skipped: it depends on steps that did not succeed ({which})."):
+            advance(run.pk)
+        return
+
+    data = _data(run, steps.values())
+    lookups = _Lookups(run)
+    try:
+        holds, excused = _conditions(spec, data, lookups)
+    except _Undecidable as exc:
+        if step.fail_unstarted(str(exc), []):
+            advance(run.pk)
+        return
+    if not holds:
+        if step.skip("Skipped: its `when` is false.", excused):
+            advance(run.pk)
+        return
+
+    if step.kind == StepKind.APPROVAL:
+        step.await_answer(settings.APPROVAL_TIMEOUT, excused)
+        return
+    if registry.handler_for(step.image) is None:
+        if step.fail_unstarted(unknown_image_message(step.image), excused):
+            advance(run.pk)
+        return
+    lease = step.claim(settings.WORKFLOW_STEP_LEASE, excused)
+    if lease is None:
+        return  # another message (or worker) started it
+    _work(step, run, lease, "start", data, lookups)
+
+
+def resume_step(step_id: str) -> None:
+    """A step in progress: checked again (woken, or its recheck time came), started again
+    (its worker died before recording the start), or cancelled (its run was). Bounded: a step
+    tried WORKFLOW_STEP_MAX_ATTEMPTS times without an outcome ends `system-error`."""
+    step = StepRun.objects.select_related("run", "run__workflow").filter(pk=step_id).first()
+    if step is None or step.status != StepStatus.IN_PROGRESS:
+        return
+    run = step.run
+    if step.kind == StepKind.APPROVAL:
+        _resume_approval(step, run)
+        return
+    lease = None
+    for _ in range(3):
+        lease = step.reclaim(settings.WORKFLOW_STEP_LEASE, settings.WORKFLOW_STEP_MAX_ATTEMPTS)
+        if lease is not None:
+            break
+        if step.give_up(settings.WORKFLOW_STEP_MAX_ATTEMPTS):
+            log.warning("workflow step %s gave up: %s", step.pk, step.message)
+            _halt(run)
+            return
+        if step.mark_woken():
+            return  # a worker holds it now, and will look again when it is done
+        step.refresh_from_db()
+        if step.status != StepStatus.IN_PROGRESS:
+            return
+    if lease is None:
+        return
+    if WorkflowRun.objects.filter(pk=run.pk, cancel_requested=True).exists():
+        _cancel_held(step, run, lease)
+        return
+    steps = run.steps.only("name", "status", "outputs")
+    _work(step, run, lease, "start" if step.state is None else "check", _data(run, steps), _Lookups(run))
+
+
+def _resume_approval(step: StepRun, run: WorkflowRun) -> None:
+    if WorkflowRun.objects.filter(pk=run.pk, cancel_requested=True).exists():
+        ended = step.cancel_waiting("Cancelled with the run before anyone answered.")
+    elif step.recheck_at is not None and step.recheck_at <= timezone.now():
+        ended = step.time_out(f"No answer within {(step.state or {}).get('timeout')} seconds.")
+    else:
+        return
+    if ended:
+        advance(run.pk)
+
+
+def _work(
+    step: StepRun,
+    run: WorkflowRun,
+    lease: Any,
+    phase: Literal["start", "check"],
+    data: Data,
+    lookups: "_Lookups",
+) -> None:
+    """Call the handler with the step held by `lease`, and record what it says.
+
+    The handler's database writes and the record of its outcome commit together: if the
+    worker dies, or loses its lease to the sweeper, before that commit, none of its writes
+    stay (a Puppet run is created once), and the step is started again. Work outside the
+    database (a Slack post) may then be done twice."""
+    handler = registry.handler_for(step.image)
+    if handler is None:  # not runnable any more (this worker's settings differ)
+        _end(step, run, lease, StepStatus.FAILURE, unknown_image_message(step.image))
+        return
+    try:
+        ctx = _context(step, run, data, lookups)
+        with transaction.atomic():
+            outcome = handler.start(ctx) if phase == "start" else handler.check(ctx)
+            if not _record(step, lease, outcome):
+                raise _LeaseLost
+    except _Undecidable as exc:
+        _end(step, run, lease, StepStatus.FAILURE, str(exc))
+        return
+    except _LeaseLost:
+        log.info("workflow step %s: lease lost during %s; its outcome is dropped", step.pk, phase)
+        return
+    except Exception as exc:
+        # The worker could not do its job (database, Vault, a bug): try again later, a
+        # bounded number of times (resume_step gives up).
+        retry_after = min(2 ** max(step.attempts - 1, 0), 300)
+        log.warning("workflow step %s: %s failed (attempt %d)", step.pk, phase, step.attempts, exc_info=True)
+        if step.release(lease, f"Attempt {step.attempts} failed: {type(exc).__name__}: {exc}", retry_after):
+            _queue(tasks.resume_step, step.pk, countdown=retry_after)
+        return
+    if isinstance(outcome, Done):
+        advance(run.pk)
+    elif step.take_wake() or WorkflowRun.objects.filter(pk=run.pk, cancel_requested=True).exists():
+        _queue(tasks.resume_step, step.pk)
+
+
+class _LeaseLost(Exception):
+    pass
+
+
+def _record(step: StepRun, lease: Any, outcome: Outcome) -> bool:
+    if isinstance(outcome, Done):
+        return step.record_done(lease, outcome.success, dict(outcome.outputs), outcome.message)
+    if isinstance(outcome, Wait):
+        return step.record_wait(
+            lease, dict(outcome.state), dict(outcome.outputs), outcome.recheck_at, outcome.wake_on
+        )
+    raise TypeError(f"a step handler returned {type(outcome).__name__}, not Done or Wait")
+
+
+def _end(step: StepRun, run: WorkflowRun, lease: Any, status: str, message: str) -> None:
+    if step.end(lease, status, message):
+        advance(run.pk)
+
+
+def unknown_image_message(image: str) -> str:
+    runnable = registry.runnable_images()
+    can = ", ".join(runnable) if runnable else "none yet"
+    return (
+        f"No step here runs the image {image!r}. The images this service runs itself: {can}. "
+        "(Script steps on other images are not supported yet.)"
+    )
+
+
+# Answering and cancelling --------------------------------------------------------------------
+
+
+def answer(step: StepRun, user: Any, approve: bool) -> None:
+    """Approve or reject an approval waiting for its answer; the run goes on at once.
+    Raises models.Conflict when it is not waiting for one. (Who may answer is the caller's
+    check: the `workflows.approve_steprun` permission.)"""
+    if approve:
+        step.approve(user)
+    else:
+        step.reject(user)
+    _queue(tasks.advance_run, step.run_id)
+
+
+def cancel_run(run: WorkflowRun) -> None:
+    """Pending steps are skipped, approvals waiting for an answer cancelled, and steps in
+    progress cancelled through their handler (a Puppet run through its own cancel). Raises
+    models.Conflict when the run is complete."""
+    run.request_cancel()
+    _stop(run)
+    log.info("workflow run %s cancelled", run.pk)
+
+
+def _halt(run: WorkflowRun) -> None:
+    """A step ended `system-error`: the rest of the run stops (RFC 0005)."""
+    WorkflowRun.objects.filter(pk=run.pk).exclude(status=RunStatus.COMPLETE).update(cancel_requested=True)
+    _stop(run)
+
+
+def _stop(run: WorkflowRun) -> None:
+    for step in run.steps.filter(status=StepStatus.PENDING):
+        step.skip("Skipped: the run was stopped before this step started.")
+    for step in run.steps.filter(status=StepStatus.IN_PROGRESS):
+        if step.kind == StepKind.APPROVAL:
+            step.cancel_waiting("Cancelled with the run before anyone answered.")
+        else:
+            _queue(tasks.resume_step, step.pk)  # takes the step from its worker, then cancels
+    advance(run.pk)
+
+
+def _cancel_held(step: StepRun, run: WorkflowRun, lease: Any) -> None:
+    if step.state is not None:  # started: it may have work going on outside (a Puppet run)
+        handler = registry.handler_for(step.image)
+        try:
+            steps = run.steps.only("name", "status", "outputs")
+            if handler is not None:
+                handler.cancel(_context(step, run, _data(run, steps), _Lookups(run)))
+        except Exception:
+            log.warning(
+                "workflow step %s: its cancel failed; ending it cancelled anyway", step.pk, exc_info=True
+            )
+        message = "Cancelled with the run."
+    else:
+        message = "Cancelled with the run before its start was recorded."
+    _end(step, run, lease, StepStatus.CANCELLED, message)
+
+
+# Waking --------------------------------------------------------------------------------------
+
+
+def wake(kind: str, key: str) -> int:
+    """Check again, now, every step waiting on (kind, key), e.g. ("puppet-run", run id).
+    Returns how many were queued."""
+    ids = list(
+        StepRun.objects.filter(status=StepStatus.IN_PROGRESS, wake_kind=kind, wake_key=key).values_list(
+            "pk", flat=True
+        )
+    )
+    for step_id in ids:
+        _queue(tasks.resume_step, step_id)
+    return len(ids)
+
+
+def sweep(now: datetime | None = None) -> int:
+    """Re-queue what a lost message or a killed worker left behind; returns how many. Runs
+    from beat every WORKFLOW_SWEEP_INTERVAL seconds.
+
+    - runs still `initializing` after WORKFLOW_STUCK_AFTER seconds (start_run was lost);
+    - steps whose worker's lease ran out (it died), or whose recheck time came;
+    - runs in progress where nothing changed for WORKFLOW_STUCK_AFTER seconds and a step is
+      pending or every step has ended (a lost start_step or advance)."""
+    now = now or timezone.now()
+    stuck = now - timedelta(seconds=settings.WORKFLOW_STUCK_AFTER)
+    queued = 0
+    for run_id in WorkflowRun.objects.filter(status=RunStatus.INITIALIZING, created_at__lt=stuck).values_list(
+        "pk", flat=True
+    )[:1000]:
+        _queue(tasks.start_run, run_id)
+        queued += 1
+    due = models.Q(status=StepStatus.IN_PROGRESS) & (
+        models.Q(lease_until__lt=now) | models.Q(lease_id__isnull=True, recheck_at__lte=now)
+    )
+    for step_id in StepRun.objects.filter(due).order_by("recheck_at").values_list("pk", flat=True)[:1000]:
+        _queue(tasks.resume_step, step_id)
+        queued += 1
+    steps = StepRun.objects.filter(run=OuterRef("pk"))
+    idle = (
+        WorkflowRun.objects.filter(status=RunStatus.IN_PROGRESS)
+        .annotate(last=Max("steps__updated_at"))
+        .filter(last__lt=stuck)
+        .filter(
+            Exists(steps.filter(status=StepStatus.PENDING))
+            | ~Exists(steps.exclude(status__in=list(RESOLVED)))
+        )
+        .order_by("last")
+    )
+    for run_id in idle.values_list("pk", flat=True)[:1000]:
+        _queue(tasks.advance_run, run_id)
+        queued += 1
+    if queued:
+        log.info("workflow sweep queued %d", queued)
+    return queued
+
+
+# Evaluating ----------------------------------------------------------------------------------
+
+
+def _data(run: WorkflowRun, steps: Iterable[StepRun]) -> Data:
+    """What a step's expressions may read: parameters, outputs and ended steps' statuses
+    (secrets and connections are read when an expression asks for them: _Lookups)."""
+    outputs: dict[tuple[str, str], Any] = {}
+    statuses: dict[str, str] = {}
+    for step in steps:
+        for name, value in (step.outputs or {}).items():
+            outputs[(step.name, name)] = value
+        if step.status in RESOLVED:
+            statuses[step.name] = step.status
+    return Data(parameters=dict(run.parameters), outputs=outputs, statuses=statuses)
+
+
+class _Lookups:
+    """Secrets (from Vault) and connections, read when an evaluation refers to them, each at
+    most once."""
+
+    def __init__(self, run: WorkflowRun) -> None:
+        self.workflow_id = run.workflow_id
+        self.owner_id = run.workflow.owner_id
+        self.tried: set[tuple[str, ...]] = set()
+
+    def fill(self, data: Data, missing: Unresolvable) -> bool:
+        """Adds what `missing` names and exists; True if anything was added."""
+        added = False
+        for (name,) in missing.secrets:
+            if ("secret", name) not in self.tried:
+                self.tried.add(("secret", name))
+                value = WorkflowSecret.value_of(self.workflow_id, name)
+                if value is not None:
+                    data.secrets[name] = value
+                    added = True
+        for kind, name in missing.connections:
+            if ("connection", kind, name) not in self.tried:
+                self.tried.add(("connection", kind, name))
+                value = registry.resolve_connection(kind, self.owner_id, name)
+                if value is not None:
+                    data.connections[(kind, name)] = dict(value)
+                    added = True
+        return added
+
+
+def _evaluate(tree: Any, data: Data, lookups: _Lookups) -> Result:
+    # A reference may be computed from another (secrets[parameters.x]): a few rounds.
+    for _ in range(4):
+        result = evaluate(tree, data)
+        if result.complete or not lookups.fill(data, result.unresolvable):
+            return result
+    return result
+
+
+def describe(missing: Unresolvable) -> str:
+    """What an evaluation could not find, as its author would put it."""
+    parts = [f"secret {name!r} (not set for this workflow)" for (name,) in sorted(missing.secrets)]
+    parts += [
+        f"connection {kind} {name!r} (the workflow's owner has none by that name)"
+        for kind, name in sorted(missing.connections)
+    ]
+    parts += [f"output {name!r} of step {step!r} (never set)" for step, name in sorted(missing.outputs)]
+    parts += [f"parameter {name!r} (no value)" for (name,) in sorted(missing.parameters)]
+    parts += [f"the status of step {name!r}" for (name,) in sorted(missing.statuses)]
+    parts += [f"function {name!r} ({why})" for name, why in sorted(missing.invocations)]
+    if missing.data:
+        parts.append("event data (only triggers have it)")
+    parts += [f"answer {name!r} of {ref!r}" for ref, name in sorted(missing.answers)]
+    return "; ".join(parts)
+
+
+def _conditions(spec: StepSpec, data: Data, lookups: _Lookups) -> tuple[bool, list[str]]:
+    """Whether the step's `when` holds (every condition true), as relay-core decides it; and
+    the failed steps whose failure a true condition on their status excuses (RFC 0005).
+    Raises _Undecidable."""
+    if spec.when is None:
+        return True, []
+    items = list(spec.when) if isinstance(spec.when, list) else [spec.when]
+    holds, unresolved, excused = True, Unresolvable(), []
+    for index, item in enumerate(items):
+        where = f"condition {index + 1} of its `when`" if len(items) > 1 else "its `when`"
+        try:
+            result = _evaluate(item, data, lookups)
+        except EvaluationError as exc:
+            raise _Undecidable(f"The step cannot be decided: {where} failed: {exc}") from None
+        if not result.complete:
+            unresolved.extend(result.unresolvable)
+            continue
+        if not isinstance(result.value, bool):
+            raise _Undecidable(
+                f"The step cannot be decided: {where} is {type_name(result.value)}, not true or false."
+            )
+        if not result.value:
+            holds = False
+            continue
+        excused += [
+            name for name in _status_references(item) if data.statuses.get(name) == StepStatus.FAILURE
+        ]
+    if holds and unresolved:
+        raise _Undecidable(f"The step cannot be decided: its `when` refers to {describe(unresolved)}.")
+    return holds, list(dict.fromkeys(excused))
+
+
+def _status_references(tree: Any) -> list[str]:
+    """The steps a condition reads the status of (`!Status name`)."""
+    found: list[str] = []
+    if isinstance(tree, dict):
+        if tree.get("$type") == "Status" and isinstance(tree.get("name"), str):
+            found.append(tree["name"])
+        for value in tree.values():
+            found += _status_references(value)
+    elif isinstance(tree, list):
+        for value in tree:
+            found += _status_references(value)
+    return found
+
+
+def _context(step: StepRun, run: WorkflowRun, data: Data, lookups: _Lookups) -> StepContext:
+    """The handler's view of its step, with spec and env evaluated now (secrets are read
+    from Vault for each call and kept nowhere). Raises _Undecidable."""
+    container = parsed(run.revision_id).step(step.name).container
+    assert container is not None
+    values = {}
+    for name, tree in (("spec", dict(container.spec)), ("env", dict(container.env))):
+        try:
+            result = _evaluate(tree, data, lookups)
+        except EvaluationError as exc:
+            raise _Undecidable(f"Its {name} could not be evaluated: {exc}") from None
+        if not result.complete:
+            raise _Undecidable(f"Its {name} refers to what is not there: {describe(result.unresolvable)}.")
+        values[name] = result.value
+    return StepContext(
+        step_run_id=str(step.pk),
+        run_id=str(run.pk),
+        owner_id=run.workflow.owner_id,
+        step_name=step.name,
+        image=step.image,
+        spec=values["spec"],
+        env=values["env"],
+        state=dict(step.state or {}),
+        started_at=step.started_at or timezone.now(),
+    )
+
+
+# Queueing ------------------------------------------------------------------------------------
+
+
+def _queue(task: Any, object_id: Any, countdown: float | None = None) -> None:
+    """Send a task after the current transaction commits (at once outside one), so no worker
+    looks for a row it cannot see yet. A broker that is down loses nothing: the sweeper
+    sends it again."""
+
+    def send() -> None:
+        try:
+            task.apply_async(args=[str(object_id)], countdown=countdown)
+        except Exception:
+            log.warning("could not queue %s(%s); the sweeper will", task.name, object_id)
+
+    transaction.on_commit(send)

@@ -1,0 +1,69 @@
+"""What the engine can run: step handlers by image name, and connections by type.
+
+A step's image is looked up without its tag or digest (base.image_name). Handlers are
+registered by the modules that define them, imported from `load()` below, so that the
+engine, the API and the admin all see the same list. An image with no handler ends its step
+`failure`, with a message naming the images that can run.
+
+Connections: `!Connection {type, name}` resolves through CONNECTIONS[type](owner_id, name),
+which returns the value a step sees (for `puppet`, `{relayAPIURL, token}`), or None when the
+owner has no such connection.
+"""
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from django.conf import settings
+
+from workflows.steps.base import StepHandler, image_name
+
+HandlerFactory = Callable[[], StepHandler]
+ConnectionResolver = Callable[[int, str], Mapping[str, Any] | None]
+
+HANDLERS: dict[str, HandlerFactory] = {}
+CONNECTIONS: dict[str, ConnectionResolver] = {}
+
+
+def register(image: str) -> Callable[[HandlerFactory], HandlerFactory]:
+    """Decorator: `@register("relaysh/slack-step-message-send")` on a handler class."""
+
+    def add(factory: HandlerFactory) -> HandlerFactory:
+        HANDLERS[image_name(image)] = factory
+        return factory
+
+    return add
+
+
+def register_connection(kind: str) -> Callable[[ConnectionResolver], ConnectionResolver]:
+    def add(resolver: ConnectionResolver) -> ConnectionResolver:
+        CONNECTIONS[kind] = resolver
+        return resolver
+
+    return add
+
+
+_loaded = False
+
+
+def load() -> None:
+    """Import the modules that register handlers (once). Called from WorkflowsConfig.ready()."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    if settings.WORKFLOW_NOOP_STEPS:
+        from workflows.steps import noop  # noqa: F401  (registers on import)
+
+
+def handler_for(image: str) -> StepHandler | None:
+    factory = HANDLERS.get(image_name(image))
+    return factory() if factory is not None else None
+
+
+def runnable_images() -> list[str]:
+    return sorted(HANDLERS)
+
+
+def resolve_connection(kind: str, owner_id: int, name: str) -> Mapping[str, Any] | None:
+    resolver = CONNECTIONS.get(kind)
+    return resolver(owner_id, name) if resolver is not None else None
