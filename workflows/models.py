@@ -46,7 +46,8 @@ class Workflow(models.Model):
         validate.parse(source)
         with transaction.atomic():
             # The row lock serialises two saves of one workflow, so their numbers differ.
-            Workflow.objects.select_for_update().filter(pk=self.pk).update(updated=timezone.now())
+            self.updated = timezone.now()
+            Workflow.objects.select_for_update().filter(pk=self.pk).update(updated=self.updated)
             last = self.revisions.aggregate(last=models.Max("number"))["last"] or 0
             return self.revisions.create(number=last + 1, source=source, created_by=user)
 

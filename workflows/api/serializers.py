@@ -1,4 +1,12 @@
+from typing import Any
+
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+
+from puppet_connection.models import name_validator
+from relay.api.serializers import JSONObjectField, RejectUnknownFields, StrictCharField
+from workflows.dialect.yamlload import MAX_BYTES
+from workflows.models import StepRun, Workflow, WorkflowRevision, WorkflowRun, WorkflowSecret
 
 
 class DocumentErrorSerializer(serializers.Serializer):
@@ -8,3 +16,153 @@ class DocumentErrorSerializer(serializers.Serializer):
     line = serializers.IntegerField(allow_null=True, help_text="1-based line of that node")
     column = serializers.IntegerField(allow_null=True, help_text="1-based column of that node")
     detail = serializers.CharField()
+
+
+class SourceField(StrictCharField):
+    """A workflow document: YAML text, kept exactly as written."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(trim_whitespace=False, help_text="The workflow document (YAML text).", **kwargs)
+
+    def to_internal_value(self, data: Any) -> str:
+        text = super().to_internal_value(data)
+        if len(text.encode()) > MAX_BYTES:
+            raise serializers.ValidationError(
+                f"A workflow document is at most {MAX_BYTES} bytes.", "too_large"
+            )
+        return text
+
+
+class WorkflowCreateSerializer(RejectUnknownFields, serializers.Serializer):
+    name = StrictCharField(max_length=64, validators=[name_validator])
+    description = StrictCharField(max_length=2000, required=False, allow_blank=True, default="")
+    source = SourceField()
+
+
+class WorkflowUpdateSerializer(RejectUnknownFields, serializers.Serializer):
+    source = SourceField()
+    description = StrictCharField(max_length=2000, required=False, allow_blank=True)
+
+
+class PushTriggerTokenSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    type = serializers.CharField()
+    token = serializers.CharField(help_text="Shown once, in the answer that made the trigger.")
+
+
+class WorkflowSerializer(serializers.ModelSerializer):
+    """A workflow with its newest document, and its secrets' names (never their values)."""
+
+    owner = serializers.CharField(source="owner.get_username", read_only=True)
+    revision = serializers.SerializerMethodField()
+    source = serializers.SerializerMethodField()
+    secrets = serializers.SerializerMethodField()
+    triggers = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Workflow
+        fields = [
+            "id",
+            "name",
+            "description",
+            "owner",
+            "created",
+            "updated",
+            "revision",
+            "source",
+            "secrets",
+            "triggers",
+        ]
+
+    def _latest(self, workflow: Workflow) -> WorkflowRevision | None:
+        cache = self.context.setdefault("latest", {})
+        if workflow.pk not in cache:
+            cache[workflow.pk] = workflow.latest_revision()
+        return cache[workflow.pk]
+
+    def get_revision(self, workflow: Workflow) -> int | None:
+        latest = self._latest(workflow)
+        return latest.number if latest else None
+
+    def get_source(self, workflow: Workflow) -> str | None:
+        latest = self._latest(workflow)
+        return latest.source if latest else None
+
+    @extend_schema_field(PushTriggerTokenSerializer(many=True))
+    def get_triggers(self, workflow: Workflow) -> list[dict[str, str]]:
+        """The push triggers the document's `triggers:` made in this request, each with its
+        token, shown this once (issue 11 §4: the views put them in the context as
+        `new_triggers` when push triggers are linked to workflows; none until then)."""
+        return list(self.context.get("new_triggers", []))
+
+    def get_secrets(self, workflow: Workflow) -> list[str]:
+        return [secret.name for secret in WorkflowSecret.objects.filter(workflow=workflow)]
+
+
+class RevisionSerializer(serializers.ModelSerializer):
+    created_by = serializers.CharField(source="created_by.get_username", read_only=True, default=None)
+
+    class Meta:
+        model = WorkflowRevision
+        fields = ["number", "created_by", "created_at", "source"]
+
+
+class WorkflowRunCreateSerializer(RejectUnknownFields, serializers.Serializer):
+    parameters = JSONObjectField(required=False, default=dict, help_text="Name → value.")
+
+
+class StepRunSerializer(serializers.ModelSerializer):
+    decided_by = serializers.CharField(source="decided_by.get_username", read_only=True, default=None)
+
+    class Meta:
+        model = StepRun
+        fields = [
+            "name",
+            "kind",
+            "image",
+            "status",
+            "outputs",
+            "started_at",
+            "ended_at",
+            "message",
+            "decision",
+            "decided_by",
+            "decided_at",
+        ]
+
+
+class WorkflowRunSerializer(serializers.ModelSerializer):
+    workflow = serializers.CharField(source="workflow.name", read_only=True)
+    owner = serializers.CharField(source="workflow.owner.get_username", read_only=True)
+    revision = serializers.IntegerField(source="revision.number", read_only=True)
+    created_by = serializers.CharField(source="created_by.get_username", read_only=True, default=None)
+    steps = StepRunSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = WorkflowRun
+        fields = [
+            "id",
+            "workflow",
+            "owner",
+            "revision",
+            "status",
+            "outcome",
+            "message",
+            "parameters",
+            "event",
+            "created_by",
+            "created_at",
+            "started_at",
+            "ended_at",
+            "cancel_requested",
+            "steps",
+        ]
+
+
+class SecretSerializer(RejectUnknownFields, serializers.Serializer):
+    value = StrictCharField(
+        max_length=WorkflowSecret.MAX_LENGTH,
+        trim_whitespace=False,
+        write_only=True,
+        help_text="Kept in Vault; never shown back.",
+    )

@@ -1,13 +1,105 @@
-from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema, inline_serializer
-from rest_framework import serializers
+"""Workflows, their runs, approvals and secrets over the API (user auth).
+
+Permissions are the admin's, as everywhere (relay.api.permissions): a user does anything to
+their own workflows and their runs; anyone else's need staff status and the model's
+permission (`view`; `change` to save a revision or set a secret; `delete`; `add` on
+workflow runs to start one; `change` on workflow runs to cancel one). Answering an approval
+needs `workflows.approve_steprun`, the owner included: approving is a decision of its own,
+apart from writing the workflow. Rows a user may not see are 404s.
+
+A workflow is named in the path; it is the requester's own, or with `?owner=<username>`
+(staff with the view permission) another user's.
+"""
+
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
+from drf_spectacular.utils import (
+    OpenApiExample,
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_view,
+    inline_serializer,
+)
+from rest_framework import exceptions, serializers, status, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from puppet_connection.models import name_validator
+from relay.api.exceptions import Conflict as ConflictError
+from relay.api.permissions import may_for_all
 from relay.api.problems import PROBLEM_CONTENT_TYPE, problem
+from relay.api.views import NO_STORE
+from workflows import engine
 from workflows.api.parsers import WORKFLOW_DOCUMENT_PARSERS
-from workflows.api.serializers import DocumentErrorSerializer
+from workflows.api.serializers import (
+    DocumentErrorSerializer,
+    RevisionSerializer,
+    SecretSerializer,
+    WorkflowCreateSerializer,
+    WorkflowRunCreateSerializer,
+    WorkflowRunSerializer,
+    WorkflowSerializer,
+    WorkflowUpdateSerializer,
+)
+from workflows.dialect.problems import DocumentError, Problem
 from workflows.dialect.validate import validate
+from workflows.models import (
+    Conflict,
+    RunStatus,
+    StepRun,
+    Workflow,
+    WorkflowRun,
+    WorkflowSecret,
+)
+
+INVALID_WORKFLOW = OpenApiResponse(
+    inline_serializer(
+        "WorkflowInvalid",
+        {
+            "type": serializers.CharField(),
+            "title": serializers.CharField(),
+            "status": serializers.IntegerField(),
+            "detail": serializers.CharField(),
+            "instance": serializers.CharField(),
+            "errors": DocumentErrorSerializer(many=True),
+        },
+    ),
+    description="An RFC 9457 problem (application/problem+json).",
+    examples=[
+        OpenApiExample(
+            "unknown dependency",
+            value={
+                "type": "urn:relay:problem:invalid_workflow",
+                "title": "Bad Request",
+                "status": 400,
+                "detail": "dependsOn names 'build', which is not a step.",
+                "instance": "/api/workflows/validate",
+                "errors": [
+                    {
+                        "pointer": "#/steps/1/dependsOn",
+                        "line": 7,
+                        "column": 14,
+                        "detail": "dependsOn names 'build', which is not a step.",
+                    }
+                ],
+            },
+        )
+    ],
+)
+PROBLEM = OpenApiResponse(description="An RFC 9457 problem (application/problem+json).")
+
+
+def invalid_document(request: Request, problems: list[Problem]) -> Response:
+    """400 with the document's errors, each with its JSON Pointer into the document, its
+    line and column."""
+    errors = [p.as_dict() for p in problems]
+    detail = problems[0].detail if len(errors) == 1 else f"The workflow has {len(errors)} errors."
+    body = problem(400, detail, "invalid_workflow", request.path, errors=errors)
+    return Response(body, status=400, content_type=PROBLEM_CONTENT_TYPE)
 
 
 class WorkflowValidateView(APIView):
@@ -27,40 +119,7 @@ class WorkflowValidateView(APIView):
                     "warnings": DocumentErrorSerializer(many=True, required=False),
                 },
             ),
-            400: OpenApiResponse(
-                inline_serializer(
-                    "WorkflowInvalid",
-                    {
-                        "type": serializers.CharField(),
-                        "title": serializers.CharField(),
-                        "status": serializers.IntegerField(),
-                        "detail": serializers.CharField(),
-                        "instance": serializers.CharField(),
-                        "errors": DocumentErrorSerializer(many=True),
-                    },
-                ),
-                description="An RFC 9457 problem (application/problem+json).",
-                examples=[
-                    OpenApiExample(
-                        "unknown dependency",
-                        value={
-                            "type": "urn:relay:problem:invalid_workflow",
-                            "title": "Bad Request",
-                            "status": 400,
-                            "detail": "dependsOn names 'build', which is not a step.",
-                            "instance": "/api/workflows/validate",
-                            "errors": [
-                                {
-                                    "pointer": "#/steps/1/dependsOn",
-                                    "line": 7,
-                                    "column": 14,
-                                    "detail": "dependsOn names 'build', which is not a step.",
-                                }
-                            ],
-                        },
-                    )
-                ],
-            ),
+            400: INVALID_WORKFLOW,
         },
     )
     def post(self, request: Request) -> Response:
@@ -70,7 +129,269 @@ class WorkflowValidateView(APIView):
             if result.warnings:
                 body["warnings"] = [w.as_dict() for w in result.warnings]
             return Response(body)
-        errors = [p.as_dict() for p in result.problems]
-        detail = result.problems[0].detail if len(errors) == 1 else f"The workflow has {len(errors)} errors."
-        body = problem(400, detail, "invalid_workflow", request.path, errors=errors)
-        return Response(body, status=400, content_type=PROBLEM_CONTENT_TYPE)
+        return invalid_document(request, result.problems)
+
+
+OWNER_PARAMETER = OpenApiParameter(
+    "owner", str, description="Another user's workflow (staff with the view permission)."
+)
+
+
+def _deny(user: Any, action: str, model: type, what: str) -> None:
+    if not may_for_all(user, action, model):
+        raise exceptions.PermissionDenied(f"You may not {what} another user's workflow.")
+
+
+@extend_schema_view(
+    list=extend_schema(parameters=[OWNER_PARAMETER]),
+    retrieve=extend_schema(parameters=[OWNER_PARAMETER]),
+    create=extend_schema(
+        request=WorkflowCreateSerializer, responses={201: WorkflowSerializer, 400: INVALID_WORKFLOW}
+    ),
+    update=extend_schema(
+        request=WorkflowUpdateSerializer,
+        responses={200: WorkflowSerializer, 400: INVALID_WORKFLOW},
+        parameters=[OWNER_PARAMETER],
+    ),
+    destroy=extend_schema(responses={204: None, 409: PROBLEM}, parameters=[OWNER_PARAMETER]),
+)
+class WorkflowViewSet(viewsets.GenericViewSet):
+    """Workflows by name. `PUT` saves a new revision of the document; runs pin the revision
+    they started from."""
+
+    queryset = Workflow.objects.none()  # the model, for the schema; get_queryset() scopes
+    serializer_class = WorkflowSerializer
+    lookup_field = "name"
+    lookup_url_kwarg = "name"
+
+    def get_queryset(self) -> QuerySet[Workflow]:
+        user = self.request.user
+        rows = Workflow.objects.select_related("owner")
+        owner = self.request.query_params.get("owner")
+        if owner is not None and owner != user.get_username():
+            if not may_for_all(user, "view", Workflow):
+                return rows.none()
+            return rows.filter(owner__username=owner)
+        if self.action == "list" and may_for_all(user, "view", Workflow) and owner is None:
+            return rows
+        return rows.filter(owner=user)
+
+    def get_object(self) -> Workflow:
+        workflow = self.get_queryset().filter(name=self.kwargs["name"]).first()
+        if workflow is None:
+            raise exceptions.NotFound("No such workflow.")
+        return workflow
+
+    def list(self, request: Request) -> Response:
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(WorkflowSerializer(page, many=True).data)
+
+    def retrieve(self, request: Request, name: str) -> Response:
+        return Response(WorkflowSerializer(self.get_object()).data)
+
+    def create(self, request: Request) -> Response:
+        fields = WorkflowCreateSerializer(data=request.data)
+        fields.is_valid(raise_exception=True)
+        data = fields.validated_data
+        if Workflow.objects.filter(owner=request.user, name=data["name"]).exists():
+            raise exceptions.ValidationError(
+                {"name": ["You already have a workflow with this name."]}, "unique"
+            )
+        try:
+            with transaction.atomic():
+                workflow = Workflow.objects.create(
+                    owner=request.user, name=data["name"], description=data["description"]
+                )
+                workflow.add_revision(data["source"], request.user)
+        except DocumentError as exc:
+            return invalid_document(request, exc.problems)
+        except IntegrityError:  # a concurrent create of the same name
+            raise exceptions.ValidationError(
+                {"name": ["You already have a workflow with this name."]}, "unique"
+            ) from None
+        # Push triggers the document declares will be made here, and their tokens answered
+        # once in `triggers` (WorkflowSerializer.get_triggers; issue 11 §4).
+        body = WorkflowSerializer(workflow, context={"new_triggers": []}).data
+        return Response(body, status=status.HTTP_201_CREATED, headers=NO_STORE)
+
+    def update(self, request: Request, name: str) -> Response:
+        workflow = self.get_object()
+        if workflow.owner_id != request.user.pk:
+            _deny(request.user, "change", Workflow, "change")
+        fields = WorkflowUpdateSerializer(data=request.data)
+        fields.is_valid(raise_exception=True)
+        try:
+            with transaction.atomic():
+                workflow.add_revision(fields.validated_data["source"], request.user)
+                if "description" in fields.validated_data:
+                    workflow.description = fields.validated_data["description"]
+                    workflow.save(update_fields=["description", "updated"])
+        except DocumentError as exc:
+            return invalid_document(request, exc.problems)
+        return Response(WorkflowSerializer(workflow, context={"new_triggers": []}).data, headers=NO_STORE)
+
+    def destroy(self, request: Request, name: str) -> Response:
+        workflow = self.get_object()
+        if workflow.owner_id != request.user.pk:
+            _deny(request.user, "delete", Workflow, "delete")
+        with transaction.atomic():
+            Workflow.objects.select_for_update().filter(pk=workflow.pk).first()
+            if workflow.runs.exclude(status=RunStatus.COMPLETE).exists():
+                raise ConflictError("The workflow has runs that are not complete; cancel them first.")
+            workflow.delete()
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(responses={200: RevisionSerializer(many=True)}, parameters=[OWNER_PARAMETER])
+    def revisions(self, request: Request, name: str) -> Response:
+        """The document's revisions, newest first."""
+        workflow = self.get_object()
+        revisions = workflow.revisions.select_related("created_by").order_by("-number")
+        page = self.paginate_queryset(revisions)
+        return self.get_paginated_response(RevisionSerializer(page, many=True).data)
+
+    @extend_schema(
+        request=WorkflowRunCreateSerializer,
+        responses={201: WorkflowRunSerializer, 400: PROBLEM},
+        parameters=[OWNER_PARAMETER],
+    )
+    def runs(self, request: Request, name: str) -> Response:
+        """Start a run of the newest revision. A required parameter without a value, or one
+        the workflow does not declare, is a 400 pointing at `#/parameters/<name>`."""
+        workflow = self.get_object()
+        if workflow.owner_id != request.user.pk and not may_for_all(request.user, "add", WorkflowRun):
+            raise exceptions.PermissionDenied("You may not start runs of another user's workflow.")
+        fields = WorkflowRunCreateSerializer(data=request.data)
+        fields.is_valid(raise_exception=True)
+        try:
+            run = engine.create_run(workflow, fields.validated_data["parameters"], created_by=request.user)
+        except engine.ParameterError as exc:
+            errors = {
+                name: [serializers.ErrorDetail("A required parameter has no value.", "required")]
+                for name in exc.missing
+            }
+            errors |= {
+                name: [serializers.ErrorDetail("The workflow declares no such parameter.", "unknown")]
+                for name in exc.unknown
+            }
+            raise exceptions.ValidationError({"parameters": errors}) from None
+        return Response(WorkflowRunSerializer(_run(run.pk)).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=SecretSerializer, responses={204: None}, parameters=[OWNER_PARAMETER])
+    def put_secret(self, request: Request, name: str, secret: str) -> Response:
+        """Set a secret (write-only: its value is kept in Vault and never shown back)."""
+        workflow = self._for_secrets(request)
+        fields = SecretSerializer(data=request.data)
+        fields.is_valid(raise_exception=True)
+        WorkflowSecret.put(workflow, secret, fields.validated_data["value"], request.user)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(responses={204: None}, parameters=[OWNER_PARAMETER])
+    def delete_secret(self, request: Request, name: str, secret: str) -> Response:
+        workflow = self._for_secrets(request)
+        deleted, _ = WorkflowSecret.objects.filter(workflow=workflow, name=secret).delete()
+        if not deleted:
+            raise exceptions.NotFound("The workflow has no secret by this name.")
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    def _for_secrets(self, request: Request) -> Workflow:
+        workflow = self.get_object()
+        if workflow.owner_id != request.user.pk:
+            _deny(request.user, "change", Workflow, "change the secrets of")
+        try:
+            name_validator(self.kwargs["secret"])
+        except Exception:
+            raise exceptions.ValidationError(
+                {
+                    "secret": [
+                        "Secret names are letters, digits, '.', '_' and '-', starting with a letter or digit."
+                    ]
+                }
+            ) from None
+        if len(self.kwargs["secret"]) > 64:
+            raise exceptions.ValidationError({"secret": ["Secret names are at most 64 characters."]})
+        return workflow
+
+
+def _run(run_id: Any) -> WorkflowRun:
+    return WorkflowRun.objects.select_related("workflow__owner", "revision", "created_by").get(pk=run_id)
+
+
+@extend_schema_view(
+    list=extend_schema(
+        parameters=[
+            OpenApiParameter("workflow", str, description="A workflow's name."),
+            OpenApiParameter("status", enum=[s.value for s in RunStatus]),
+            OpenApiParameter("owner", str, description="The workflow owner's username."),
+        ]
+    ),
+)
+class WorkflowRunViewSet(viewsets.GenericViewSet):
+    """Runs, newest first: their status and outcome (RFC 0005), parameters and steps."""
+
+    queryset = WorkflowRun.objects.none()  # the model, for the schema; get_queryset() scopes
+    serializer_class = WorkflowRunSerializer
+    lookup_value_converter = "uuid"
+
+    def get_queryset(self) -> QuerySet[WorkflowRun]:
+        user = self.request.user
+        runs = WorkflowRun.objects.select_related(
+            "workflow__owner", "revision", "created_by"
+        ).prefetch_related("steps__decided_by")
+        if not may_for_all(user, "view", WorkflowRun):
+            runs = runs.filter(workflow__owner=user)
+        return runs
+
+    def list(self, request: Request) -> Response:
+        runs = self.get_queryset()
+        params = request.query_params
+        if params.get("workflow"):
+            runs = runs.filter(workflow__name=params["workflow"])
+        if params.get("owner"):
+            runs = runs.filter(workflow__owner__username=params["owner"])
+        if params.get("status"):
+            if params["status"] not in RunStatus.values:
+                raise exceptions.ValidationError({"status": [f"One of {', '.join(RunStatus.values)}."]})
+            runs = runs.filter(status=params["status"])
+        page = self.paginate_queryset(runs)
+        return self.get_paginated_response(WorkflowRunSerializer(page, many=True).data)
+
+    def retrieve(self, request: Request, pk: str) -> Response:
+        return Response(WorkflowRunSerializer(self.get_object()).data)
+
+    @extend_schema(request=None, responses={202: WorkflowRunSerializer, 409: PROBLEM})
+    def cancel(self, request: Request, pk: str) -> Response:
+        """Cancel the run: steps not started are skipped, steps in progress cancelled (a
+        Puppet run through its own cancel). 409 when the run is complete."""
+        run = self.get_object()
+        if run.workflow.owner_id != request.user.pk and not may_for_all(request.user, "change", WorkflowRun):
+            raise exceptions.PermissionDenied("You may not cancel runs of another user's workflow.")
+        try:
+            engine.cancel_run(run)
+        except Conflict as exc:
+            raise ConflictError(str(exc)) from None
+        return Response(WorkflowRunSerializer(_run(run.pk)).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses={200: WorkflowRunSerializer, 403: PROBLEM, 409: PROBLEM})
+    def approve(self, request: Request, pk: str, step: str) -> Response:
+        """Approve an approval step waiting for its answer (needs workflows.approve_steprun)."""
+        return self._answer(request, step, approve=True)
+
+    @extend_schema(request=None, responses={200: WorkflowRunSerializer, 403: PROBLEM, 409: PROBLEM})
+    def reject(self, request: Request, pk: str, step: str) -> Response:
+        """Reject an approval step waiting for its answer: the run fails."""
+        return self._answer(request, step, approve=False)
+
+    def _answer(self, request: Request, step_name: str, approve: bool) -> Response:
+        run = self.get_object()
+        step = StepRun.objects.filter(run=run, name=step_name).first()
+        if step is None:
+            raise exceptions.NotFound("The run has no step by this name.")
+        if not request.user.has_perm("workflows.approve_steprun"):
+            raise exceptions.PermissionDenied(
+                "Answering approvals needs the permission to approve them (workflows.approve_steprun)."
+            )
+        try:
+            engine.answer(step, request.user, approve)
+        except Conflict as exc:
+            raise ConflictError(str(exc)) from None
+        return Response(WorkflowRunSerializer(_run(run.pk)).data)
