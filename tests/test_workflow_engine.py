@@ -101,7 +101,7 @@ def test_a_step_starts_once_however_many_messages_ask(worker, owner):
     assert starts_logged(worker, step) == 1
 
 
-def test_a_step_starts_once_when_many_workers_claim_it_at_the_same_instant(owner, caplog):
+def test_a_step_starts_once_when_many_workers_claim_it_at_the_same_instant(worker, owner, caplog):
     run = run_of(owner, f"apiVersion: v1\nsteps:\n- name: only\n  image: {NOOP}\n")
     step = steps_of(run)["only"]
     run.begin()
@@ -110,7 +110,9 @@ def test_a_step_starts_once_when_many_workers_claim_it_at_the_same_instant(owner
     assert results == [None] * 16
     step.refresh_from_db()
     assert step.status == "success" and step.attempts == 1
-    assert [r.getMessage() for r in caplog.records].count(f"noop step only ({step.pk}) started") == 1
+    # Here, or in the module's worker, which got the run's own start_run message.
+    here = [r.getMessage() for r in caplog.records].count(f"noop step only ({step.pk}) started")
+    assert here + starts_logged(worker, step) == 1
 
 
 def handled_starts(worker: EngineWorker) -> int:

@@ -160,15 +160,16 @@ def start_run(run_id: str) -> None:
 # Moving a run along --------------------------------------------------------------------------
 
 
-def advance(run_id: Any) -> None:
-    """Queue every pending step whose predecessors have all ended; complete the run when
-    every step has. Idempotent: called after each step ends, and by the sweeper."""
+def advance(run_id: Any, requeue: bool = False) -> None:
+    """Queue every pending step whose predecessors have all ended, once (or again, with
+    `requeue`: the sweeper's, for a message that was lost); complete the run when every step
+    has. Idempotent: called after each step ends, and by the sweeper."""
     run = WorkflowRun.objects.filter(pk=run_id).first()
     if run is None or run.status == RunStatus.COMPLETE:
         return
     if run.status == RunStatus.INITIALIZING and not run.cancel_requested:
         return  # start_run begins it
-    steps = list(run.steps.only("id", "name", "status", "message", "excused"))
+    steps = list(_steps(run, "message", "excused", "queued_at"))
     if all(step.resolved for step in steps):
         outcome, message = _outcome(run, steps)
         if run.finish(outcome, message):
@@ -178,11 +179,31 @@ def advance(run_id: Any) -> None:
         return  # cancel_run skipped the pending steps and is cancelling the rest
     document = parsed(run.revision_id)
     by_name = {step.name: step for step in steps}
-    for step in steps:
-        if step.status == StepStatus.PENDING and all(
-            by_name[name].resolved for name in document.step(step.name).after
-        ):
-            _queue(tasks.start_step, step.pk)
+    ready = [
+        step.pk
+        for step in steps
+        if step.status == StepStatus.PENDING
+        and (requeue or step.queued_at is None)
+        and all(by_name[name].resolved for name in document.step(step.name).after)
+    ]
+    if ready and not requeue:
+        # Every step that ends advances the run: without this, each would send a start for
+        # every ready step again (50 independent steps: 1,275 messages instead of 50).
+        with transaction.atomic():
+            ready = list(
+                StepRun.objects.select_for_update(skip_locked=True)
+                .filter(pk__in=ready, queued_at__isnull=True)
+                .values_list("pk", flat=True)
+            )
+            StepRun.objects.filter(pk__in=ready).update(queued_at=timezone.now())
+    for step_id in ready:
+        _queue(tasks.start_step, step_id)
+
+
+def _steps(run: WorkflowRun, *fields: str) -> "models.QuerySet[StepRun]":
+    """The run's steps with name, status and `fields` loaded (a reverse relation's manager
+    would load each row's run_id again, one query a row, were it not among them)."""
+    return run.steps.only("id", "run_id", "name", "status", *fields)
 
 
 def _outcome(run: WorkflowRun, steps: list[StepRun]) -> tuple[str, str]:
@@ -212,7 +233,7 @@ def start_step(step_id: str) -> None:
         return
     document = parsed(run.revision_id)
     spec = document.step(step.name)
-    steps = {s.name: s for s in run.steps.only("name", "status", "outputs")}
+    steps = {s.name: s for s in _steps(run, "outputs")}
     if not all(steps[name].resolved for name in spec.after):
         return  # an early or repeated message; advance queues it again when it is time
     not_success = [name for name in spec.needs if steps[name].status != StepStatus.SUCCESS]
@@ -278,7 +299,7 @@ def resume_step(step_id: str) -> None:
     if WorkflowRun.objects.filter(pk=run.pk, cancel_requested=True).exists():
         _cancel_held(step, run, lease)
         return
-    steps = run.steps.only("name", "status", "outputs")
+    steps = _steps(run, "outputs")
     _work(step, run, lease, "start" if step.state is None else "check", _data(run, steps), _Lookups(run))
 
 
@@ -409,7 +430,7 @@ def _cancel_held(step: StepRun, run: WorkflowRun, lease: Any) -> None:
     if step.state is not None:  # started: it may have work going on outside (a Puppet run)
         handler = registry.handler_for(step.image)
         try:
-            steps = run.steps.only("name", "status", "outputs")
+            steps = _steps(run, "outputs")
             if handler is not None:
                 handler.cancel(_context(step, run, _data(run, steps), _Lookups(run)))
         except Exception:
@@ -472,7 +493,7 @@ def sweep(now: datetime | None = None) -> int:
         .order_by("last")
     )
     for run_id in idle.values_list("pk", flat=True)[:1000]:
-        _queue(tasks.advance_run, run_id)
+        _queue(tasks.advance_run, run_id, True)
         queued += 1
     if queued:
         log.info("workflow sweep queued %d", queued)
@@ -626,14 +647,14 @@ def _context(step: StepRun, run: WorkflowRun, data: Data, lookups: _Lookups) -> 
 # Queueing ------------------------------------------------------------------------------------
 
 
-def _queue(task: Any, object_id: Any, countdown: float | None = None) -> None:
+def _queue(task: Any, object_id: Any, *args: Any, countdown: float | None = None) -> None:
     """Send a task after the current transaction commits (at once outside one), so no worker
     looks for a row it cannot see yet. A broker that is down loses nothing: the sweeper
     sends it again."""
 
     def send() -> None:
         try:
-            task.apply_async(args=[str(object_id)], countdown=countdown)
+            task.apply_async(args=[str(object_id), *args], countdown=countdown)
         except Exception:
             log.warning("could not queue %s(%s); the sweeper will", task.name, object_id)
 

@@ -233,6 +233,7 @@ class StepRun(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(default=timezone.now)
+    queued_at = models.DateTimeField(null=True, blank=True)  # when its start was sent
     recheck_at = models.DateTimeField(null=True, blank=True)
     wake_kind = models.CharField(max_length=32, blank=True)
     wake_key = models.CharField(max_length=255, blank=True)

@@ -24,8 +24,8 @@ def start_run(run_id: str) -> None:
 
 
 @shared_task(**RETRY)
-def advance_run(run_id: str) -> None:
-    engine.advance(run_id)
+def advance_run(run_id: str, requeue: bool = False) -> None:
+    engine.advance(run_id, requeue)
 
 
 @shared_task(**STEP_TASK)
