@@ -1,7 +1,112 @@
-from django.contrib import admin
-from django.http import HttpRequest
+"""Workflows (the document edited in place, its errors under it), their runs (steps with
+statuses, timings and outputs, the event that started them), and approvals with their
+approve and reject buttons (for users with workflows.approve_steprun; read-only to others)."""
 
-from workflows.models import Workflow, WorkflowRevision
+import json
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.urls import path, reverse
+from django.utils.decorators import method_decorator
+from django.utils.html import format_html, format_html_join
+from django.views.decorators.debug import sensitive_post_parameters
+
+from relay import vault
+from workflows import engine
+from workflows.dialect.validate import validate
+from workflows.models import (
+    Approval,
+    Conflict,
+    StepKind,
+    StepRun,
+    StepStatus,
+    Workflow,
+    WorkflowRevision,
+    WorkflowRun,
+    WorkflowSecret,
+)
+
+
+def pretty_json(value: Any) -> str:
+    return format_html("<pre style='margin:0'>{}</pre>", json.dumps(value, indent=2, sort_keys=True))
+
+
+# Workflows -----------------------------------------------------------------------------------
+
+
+class WorkflowForm(forms.ModelForm):
+    """The workflow with its document: saving a changed document saves a new revision. A
+    document with errors is not saved; each error is listed under it with its line, column
+    and JSON Pointer."""
+
+    source = forms.CharField(
+        label="Document",
+        strip=False,
+        widget=forms.Textarea(
+            attrs={"rows": 30, "cols": 100, "style": "font-family: monospace", "spellcheck": "false"}
+        ),
+        help_text="The workflow in Relay's v1 YAML. Saving a changed document makes a new revision.",
+    )
+
+    class Meta:
+        model = Workflow
+        fields = ["owner", "name", "description"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        latest = self.instance.latest_revision() if self.instance.pk else None
+        if latest is not None:
+            self.fields["source"].initial = latest.source
+
+    def clean_source(self) -> str:
+        source = self.cleaned_data["source"]
+        result = validate(source)
+        if not result.valid:
+            raise forms.ValidationError(
+                [
+                    f"Line {p.line}, column {p.column} ({p.pointer}): {p.detail}"
+                    if p.line is not None
+                    else f"{p.pointer}: {p.detail}"
+                    for p in result.problems
+                ]
+            )
+        return source
+
+
+class SecretForm(forms.ModelForm):
+    """A secret by name; its value is written to Vault and never shown (blank keeps it)."""
+
+    value = forms.CharField(
+        required=False,
+        strip=False,
+        max_length=WorkflowSecret.MAX_LENGTH,
+        widget=forms.PasswordInput(render_value=False),
+        help_text="Kept in Vault, never shown. Leave blank to keep the current value.",
+    )
+
+    class Meta:
+        model = WorkflowSecret
+        fields = ["name"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if self.instance.pk and data.get("name") not in (None, self.instance.name):
+            self.add_error("name", "A secret cannot be renamed: delete it and add another.")
+        if not self.instance.pk and not data.get("value") and not data.get("DELETE"):
+            self.add_error("value", "A new secret needs a value.")
+        return data
+
+
+class SecretInline(admin.TabularInline):
+    model = WorkflowSecret
+    form = SecretForm
+    fields = ["name", "value", "updated_at", "updated_by"]
+    readonly_fields = ["updated_at", "updated_by"]
+    extra = 0
 
 
 class RevisionInline(admin.TabularInline):
@@ -20,7 +125,281 @@ class RevisionInline(admin.TabularInline):
 
 @admin.register(Workflow)
 class WorkflowAdmin(admin.ModelAdmin):
+    form = WorkflowForm
     list_display = ["name", "owner", "updated"]
     search_fields = ["name", "owner__username"]
     readonly_fields = ["created", "updated"]
-    inlines = [RevisionInline]
+    autocomplete_fields = ["owner"]
+    inlines = [SecretInline, RevisionInline]
+
+    def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, str]:
+        return {"owner": str(request.user.pk), **super().get_changeform_initial_data(request)}
+
+    def save_model(self, request: HttpRequest, obj: Workflow, form: WorkflowForm, change: bool) -> None:
+        obj.save()
+        latest = obj.latest_revision()
+        source = form.cleaned_data["source"]
+        if latest is None or latest.source != source:
+            obj.add_revision(source, request.user)
+
+    def save_formset(self, request: HttpRequest, form: WorkflowForm, formset: Any, change: bool) -> None:
+        if formset.model is not WorkflowSecret:
+            super().save_formset(request, form, formset, change)
+            return
+        # Values go to Vault (WorkflowSecret.put), never through the form's model save. The
+        # lists are what the admin's change message reads.
+        formset.new_objects, formset.changed_objects, formset.deleted_objects = [], [], []
+        for secret_form in formset.forms:
+            data = getattr(secret_form, "cleaned_data", None) or {}
+            if not data:
+                continue
+            if data.get("DELETE"):
+                if secret_form.instance.pk:
+                    secret_form.instance.delete()
+                    formset.deleted_objects.append(secret_form.instance)
+            elif data.get("value"):
+                new = not secret_form.instance.pk
+                secret = WorkflowSecret.put(form.instance, data["name"], data["value"], request.user)
+                if new:
+                    formset.new_objects.append(secret)
+                else:
+                    formset.changed_objects.append((secret, ["value"]))
+
+    @method_decorator(sensitive_post_parameters())
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict | None = None,
+    ) -> HttpResponse:
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except vault.VaultUnavailable as exc:
+            self.message_user(request, f"Nothing was saved. {exc}", messages.ERROR)
+            return HttpResponseRedirect(request.path)
+
+
+# Runs ----------------------------------------------------------------------------------------
+
+
+class StepRunInline(admin.TabularInline):
+    model = StepRun
+    fields = [
+        "name",
+        "kind",
+        "image",
+        "status",
+        "started_at",
+        "ended_at",
+        "took",
+        "attempts",
+        "shown_outputs",
+        "message",
+    ]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    ordering = ["index"]
+
+    def has_add_permission(self, request: HttpRequest, obj: WorkflowRun | None = None) -> bool:
+        return False
+
+    @admin.display(description="took")
+    def took(self, step: StepRun) -> str:
+        if step.started_at and step.ended_at:
+            return f"{(step.ended_at - step.started_at).total_seconds():.3f} s"
+        return ""
+
+    @admin.display(description="outputs")
+    def shown_outputs(self, step: StepRun) -> str:
+        return pretty_json(step.outputs) if step.outputs else ""
+
+
+@admin.register(WorkflowRun)
+class WorkflowRunAdmin(admin.ModelAdmin):
+    """Runs are made by the API and triggers; the admin reads them and cancels them."""
+
+    list_display = ["id", "workflow", "status", "outcome", "created_at", "ended_at", "started_by_event"]
+    list_filter = ["status", "outcome", "created_at"]
+    list_select_related = ["workflow", "event"]
+    search_fields = ["id", "workflow__name", "workflow__owner__username"]
+    date_hierarchy = "created_at"
+    inlines = [StepRunInline]
+    actions = ["cancel_runs"]
+    fields = [
+        "id",
+        "workflow",
+        "revision",
+        "status",
+        "outcome",
+        "message",
+        "shown_parameters",
+        "started_by_event",
+        "created_by",
+        "created_at",
+        "started_at",
+        "ended_at",
+        "cancel_requested",
+    ]
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    @admin.display(description="parameters")
+    def shown_parameters(self, run: WorkflowRun) -> str:
+        return pretty_json(run.parameters)
+
+    @admin.display(description="event")
+    def started_by_event(self, run: WorkflowRun) -> str:
+        if run.event_id is None:
+            return "—"
+        url = reverse("admin:triggers_event_change", args=[run.event_id])
+        return format_html('<a href="{}">{}</a>', url, run.event)
+
+    @admin.action(description="Cancel the selected runs", permissions=["change"])
+    def cancel_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
+        done, refused = 0, 0
+        for run in queryset:
+            try:
+                engine.cancel_run(run)
+                done += 1
+            except Conflict:
+                refused += 1
+        self.message_user(request, f"Cancelled: {done}.")
+        if refused:
+            self.message_user(request, f"Already complete, left alone: {refused}.", messages.WARNING)
+
+
+# Approvals -----------------------------------------------------------------------------------
+
+
+@admin.register(Approval)
+class ApprovalAdmin(admin.ModelAdmin):
+    """Approval steps, waiting ones first. Users with workflows.approve_steprun answer them
+    with the buttons on each page; others see them read-only."""
+
+    change_form_template = "admin/workflows/approval_change_form.html"
+    list_display = [
+        "name",
+        "workflow",
+        "run_link",
+        "status",
+        "decision",
+        "started_at",
+        "deadline",
+        "decided_by",
+    ]
+    list_filter = ["status", "decision"]
+    list_select_related = ["run__workflow", "decided_by"]
+    search_fields = ["name", "run__workflow__name", "run__id"]
+    fields = [
+        "name",
+        "run_link",
+        "workflow",
+        "status",
+        "started_at",
+        "deadline",
+        "evidence",
+        "decision",
+        "decided_by",
+        "decided_at",
+        "message",
+    ]
+    readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[StepRun]:
+        return super().get_queryset(request).filter(kind=StepKind.APPROVAL).order_by("status", "-started_at")
+
+    def has_view_permission(self, request: HttpRequest, obj: StepRun | None = None) -> bool:
+        return super().has_view_permission(request, obj) or request.user.has_perm("workflows.approve_steprun")
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return super().has_module_permission(request) or request.user.has_perm("workflows.approve_steprun")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: StepRun | None = None) -> bool:
+        return False  # an answer is the only change, through its buttons
+
+    def has_delete_permission(self, request: HttpRequest, obj: StepRun | None = None) -> bool:
+        return False
+
+    @admin.display(description="workflow")
+    def workflow(self, step: StepRun) -> str:
+        return step.run.workflow.name
+
+    @admin.display(description="run")
+    def run_link(self, step: StepRun) -> str:
+        url = reverse("admin:workflows_workflowrun_change", args=[step.run_id])
+        return format_html('<a href="{}">{}</a>', url, step.run_id)
+
+    @admin.display(description="answer by")
+    def deadline(self, step: StepRun) -> Any:
+        return step.recheck_at if step.status == StepStatus.IN_PROGRESS else None
+
+    @admin.display(description="what it approves")
+    def evidence(self, step: StepRun) -> str:
+        """The outputs of the steps before it (a dry run's results), for the approver."""
+        before = engine.parsed(step.run.revision_id).step(step.name).after
+        rows = StepRun.objects.filter(run_id=step.run_id, name__in=before).order_by("index")
+        if not rows:
+            return "—"
+        return format_html_join(
+            "",
+            "<p><strong>{}</strong> ({}): {}</p>{}",
+            ((row.name, row.status, row.message, pretty_json(row.outputs)) for row in rows),
+        )
+
+    def render_change_form(
+        self, request: HttpRequest, context: dict, *args: Any, **kwargs: Any
+    ) -> HttpResponse:
+        step = context.get("original")
+        context["can_answer"] = bool(
+            step is not None
+            and step.status == StepStatus.IN_PROGRESS
+            and request.user.has_perm("workflows.approve_steprun")
+        )
+        return super().render_change_form(request, context, *args, **kwargs)
+
+    def get_urls(self) -> list:
+        info = f"{self.opts.app_label}_{self.opts.model_name}"
+        return [
+            path(
+                "<uuid:object_id>/approve/",
+                self.admin_site.admin_view(self.approve_view),
+                name=f"{info}_approve",
+            ),
+            path(
+                "<uuid:object_id>/reject/",
+                self.admin_site.admin_view(self.reject_view),
+                name=f"{info}_reject",
+            ),
+            *super().get_urls(),
+        ]
+
+    def approve_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        return self._answer(request, object_id, approve=True)
+
+    def reject_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        return self._answer(request, object_id, approve=False)
+
+    def _answer(self, request: HttpRequest, object_id: str, approve: bool) -> HttpResponse:
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        step = get_object_or_404(self.get_queryset(request), pk=object_id)
+        if not (
+            self.has_view_permission(request, step) and request.user.has_perm("workflows.approve_steprun")
+        ):
+            return HttpResponse("Answering approvals needs the permission to approve them.", status=403)
+        try:
+            engine.answer(step, request.user, approve)
+        except Conflict as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+        else:
+            self.message_user(request, f"{'Approved' if approve else 'Rejected'}: {step.name}.")
+            self.log_change(request, step, "Approved." if approve else "Rejected.")
+        url = reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_change", args=[step.pk])
+        return HttpResponseRedirect(url)

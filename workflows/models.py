@@ -92,26 +92,26 @@ class WorkflowRevision(models.Model):
 
 
 class RunStatus(models.TextChoices):
-    INITIALIZING = "initializing"  # created; no worker has looked at it yet
-    IN_PROGRESS = "in-progress"
-    COMPLETE = "complete"
+    INITIALIZING = "initializing", "initializing"  # created; no worker has looked at it yet
+    IN_PROGRESS = "in-progress", "in-progress"
+    COMPLETE = "complete", "complete"
 
 
 class RunOutcome(models.TextChoices):
-    SUCCESS = "success"
-    FAILURE = "failure"
-    SYSTEM_ERROR = "system-error"
-    CANCELLED = "cancelled"
+    SUCCESS = "success", "success"
+    FAILURE = "failure", "failure"
+    SYSTEM_ERROR = "system-error", "system-error"
+    CANCELLED = "cancelled", "cancelled"
 
 
 class StepStatus(models.TextChoices):
-    PENDING = "pending"  # waiting for the steps it comes after
-    IN_PROGRESS = "in-progress"  # started: being worked, or waiting without a worker
-    SUCCESS = "success"
-    FAILURE = "failure"
-    SYSTEM_ERROR = "system-error"
-    SKIPPED = "skipped"
-    CANCELLED = "cancelled"
+    PENDING = "pending", "pending"  # waiting for the steps it comes after
+    IN_PROGRESS = "in-progress", "in-progress"  # started: being worked, or waiting without a worker
+    SUCCESS = "success", "success"
+    FAILURE = "failure", "failure"
+    SYSTEM_ERROR = "system-error", "system-error"
+    SKIPPED = "skipped", "skipped"
+    CANCELLED = "cancelled", "cancelled"
 
 
 RESOLVED = frozenset(
