@@ -187,7 +187,7 @@ REST_FRAMEWORK = {
         "relay.api.renderers.ProblemJSONRenderer",
     ],
     "DEFAULT_PARSER_CLASSES": ["relay.api.parsers.BoundedJSONParser"],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "relay.api.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 100,
     "EXCEPTION_HANDLER": "relay.api.problems.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

@@ -2,9 +2,10 @@ import uuid
 
 from django.conf import settings
 from django.db.models import QuerySet
+from django.utils.dateparse import parse_datetime
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import exceptions, status
-from rest_framework.pagination import CursorPagination
+from rest_framework.pagination import Cursor, CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.viewsets import GenericViewSet
@@ -25,6 +26,19 @@ class RunCursorPagination(CursorPagination):
     page_size = 100
     page_size_query_param = "limit"
     max_page_size = 500
+
+    def decode_cursor(self, request: Request) -> Cursor | None:
+        # DRF takes the position in a cursor on trust; a client may send any cursor, and a
+        # position that is no time would reach the query as a 500.
+        cursor = super().decode_cursor(request)
+        if cursor is not None and cursor.position is not None:
+            try:
+                moment = parse_datetime(cursor.position) if len(cursor.position) <= 64 else None
+            except ValueError:  # well formed, but no such time (month 13)
+                moment = None
+            if moment is None or moment.tzinfo is None:
+                raise exceptions.NotFound(self.invalid_cursor_message)
+        return cursor
 
     def get_paginated_response(self, data: list) -> Response:
         following = self.get_next_link()
