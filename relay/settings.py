@@ -283,7 +283,9 @@ SLACK_TIMEOUT = env.float("SLACK_TIMEOUT", default=10.0)
 # Hosts a Slack webhook URL may name (https only). The connection is refused anyway when the
 # name resolves to a loopback, private, link-local, multicast or reserved address.
 SLACK_WEBHOOK_HOSTS = [
-    host.lower().rstrip(".") for host in env.list("SLACK_WEBHOOK_HOSTS", default=["hooks.slack.com"])
+    host.strip().lower().rstrip(".")
+    for host in env.list("SLACK_WEBHOOK_HOSTS", default=["hooks.slack.com"])
+    if host.strip()
 ]
 # For tests only, and deliberately not read from the environment, so that no deployment can
 # turn them on by accident: tests/test_events_slack.py lets the Slack stand-in on loopback be
