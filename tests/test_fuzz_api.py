@@ -32,7 +32,7 @@ from tests.test_connection_api import assert_problem
 from triggers import services
 from triggers.models import Event, Trigger
 
-CASES_PER_OPERATION = 40
+CASES_PER_OPERATION = 30
 # NUL (PostgreSQL refuses it in text and JSON), digits that are not ASCII, numbers past 64
 # bits, markup, a path, an empty and a blank value.
 HOSTILE_STRINGS = [
