@@ -168,7 +168,7 @@ def http() -> requests.Session:
 
 
 @schema.parametrize()
-@settings(deadline=None, suppress_health_check=list(HealthCheck))
+@settings(deadline=None, database=None, suppress_health_check=list(HealthCheck))
 def test_no_operation_answers_a_5xx_and_every_error_is_a_problem(case, target, http, live_server):
     target.aim(case)
     response = case.call(base_url=live_server.url, session=http, headers=target.auth(case), timeout=30)
