@@ -22,8 +22,11 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 from hypothesis import HealthCheck, settings
+from rest_framework.request import Request
+from rest_framework.test import APIRequestFactory
 
 from puppet_connection.models import PuppetConnection
+from relay.api.pagination import LimitOffsetPagination
 from runs.models import Run
 from tests.conftest import api_token_for, bridge
 from tests.events_helpers import fixture, post
@@ -184,11 +187,18 @@ def test_no_operation_answers_a_5xx_and_every_error_is_a_problem(case, target, h
 # What the fuzz found, each pinned by a test of its own.
 
 
-def test_a_huge_limit_is_capped_not_a_database_error(alice_api, connection):
+def test_a_huge_limit_is_a_bad_request_and_a_large_one_is_capped_not_a_database_error(alice_api, connection):
     for url in ("/api/connections/puppet/", "/api/triggers/"):
         response = alice_api.get(url, {"limit": str(10**23)})
-        assert response.status_code == 200, response.content
-    assert alice_api.get("/api/connections/puppet/", {"limit": str(10**23)}).json()["count"] == 1
+        assert response.status_code == 400, response.content
+        assert response.json()["errors"][0]["pointer"] == "#/limit"
+        assert alice_api.get(url, {"limit": str(10**17)}).status_code == 200
+    PuppetConnection.create_with_token(owner=connection[0].owner, name="second")
+    page = alice_api.get("/api/connections/puppet/", {"limit": "1", "offset": "1"}).json()
+    assert page["count"] == 2 and len(page["results"]) == 1
+    # The database is asked for the ceiling, not the number given.
+    asked = Request(APIRequestFactory().get("/api/connections/puppet/", {"limit": str(10**17)}))
+    assert LimitOffsetPagination().get_limit(asked) == 1000
 
 
 @pytest.mark.parametrize(
@@ -225,7 +235,7 @@ def test_a_forged_run_cursor_is_an_invalid_cursor(connection, position):
     _, token = connection
     create_run(token)
     cursor = base64.b64encode(f"p={position}".encode()).decode()
-    problem = assert_problem(bridge(token).get(RUNS, {"cursor": cursor}), 404)
+    problem = assert_problem(bridge(token).get(RUNS, {"cursor": cursor, "limit": "1"}), 404)
     assert problem["detail"] == "Invalid cursor"
 
 
