@@ -40,14 +40,17 @@ class FaultyProxy:
                 headers = {
                     k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")
                 }
+                path = self.path
+                extra = proxy.extra_runs and self.command == "GET" and re.search(r"/_puppet/runs(\?|$)", path)
+                if extra:  # a service with runs pending answers a long-poll at once
+                    path = re.sub(r"([?&])wait=\d+&?", r"\1", path)
                 answer = requests.request(
-                    self.command, proxy.upstream + self.path, data=body, headers=headers, timeout=90
+                    self.command, proxy.upstream + path, data=body, headers=headers, timeout=90
                 )
                 if fault == "drop-after":  # the service acted; its answer is lost
                     return self._drop()
                 content = answer.content
-                listing_runs = self.command == "GET" and re.search(r"/_puppet/runs(\?|$)", self.path)
-                if listing_runs and proxy.extra_runs:
+                if extra:
                     listing = answer.json()
                     content = json.dumps({**listing, "runs": proxy.extra_runs + listing["runs"]}).encode()
                 self._send(answer.status_code, content, answer.headers.get("Content-Type", ""))

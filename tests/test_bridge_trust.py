@@ -6,8 +6,10 @@ state_dir is its own, whatever the umask it was started with."""
 
 import json
 import os
+import signal
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -72,6 +74,27 @@ def test_listed_runs_whose_ids_are_not_uuids_are_refused_before_they_touch_disk(
     assert any(repr(str(victim)) in line for line in refused)
     # Nothing was asked of the service about them either.
     assert [path for _, path, _ in rogue.log if "victim" in path or "escaped" in path] == []
+
+
+def test_serve_does_not_spin_on_a_run_it_refuses(service, sshd, tmp_path):
+    """The long-poll answers at once while a pending run is listed, and a refused one stays
+    listed: serve waits between asks, and says so once."""
+    rogue = FaultyProxy(service.url)
+    rogue.extra_runs = [listed("../../escaped")]
+    config = bridge_config(tmp_path, Service(rogue.url, service.token, None), sshd, {"a": {}})
+    log = tmp_path / "bridge.log"
+    server = relay_bridge(config, "serve", "--wait", "5", log=log)
+    try:
+        wait_for(lambda: any("refusing a listed run" in line for line in log_lines(log)), 20)
+        asked = sum(1 for method, path, _ in rogue.log if method == "GET")
+        time.sleep(3)
+        asked = sum(1 for method, path, _ in rogue.log if method == "GET") - asked
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(15) == 0
+        rogue.stop()
+    assert asked <= 8, f"{asked} lists in 3 s"  # one each 0.5 s at most, not a busy loop
+    assert sum("refusing a listed run" in line for line in log_lines(log)) == 1
 
 
 def insert_run(nodes: list, **fields) -> Run:

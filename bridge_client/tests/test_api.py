@@ -133,6 +133,10 @@ def test_a_listed_run_whose_id_is_not_a_uuid_is_refused_with_a_log_line(client, 
     assert client.list_runs() == [{"id": R1}]
     refused = [r for r in caplog.records if r.getMessage() == "refusing a listed run: its id is not a UUID"]
     assert [r.fields["id"] for r in refused] == [repr(b) for b in bad]
+    caplog.clear()
+    server.answers = [(200, {"runs": [{"id": "/etc"}, {"id": "/var"}]})]
+    assert client.list_runs() == []
+    assert [r.fields["id"] for r in caplog.records] == ["'/var'"]  # each refused id is logged once
 
 
 @pytest.mark.parametrize("call", ["accept", "put_state", "get_run", "cancel"])

@@ -59,6 +59,7 @@ class RelayClient:
         self.proxies = {"http": proxy_url, "https": proxy_url} if proxy_url else None
         self.attempts, self.backoff, self.backoff_cap = attempts, backoff, backoff_cap
         self.timeout, self.sleep = timeout, sleep
+        self.refused: set[str] = set()  # listed runs refused and logged already (`serve` lists often)
 
     def __repr__(self) -> str:
         return f"RelayClient({self.base!r})"  # never the token
@@ -149,7 +150,21 @@ class RelayClient:
         runs = answer.get("runs")
         if not isinstance(runs, list):
             raise ApiError(0, None, "GET runs: the answer has no list of runs")
-        return [run for run in runs if _run_ok(run)]
+        return [run for run in runs if self._run_ok(run)]
+
+    def _run_ok(self, run: Any) -> bool:
+        """A listed run the bridge may work: its id becomes a directory and a URL path, so
+        anything but a UUID (`/etc`, `../..`) is refused here, before it reaches either,
+        and logged the first time this client sees it."""
+        if isinstance(run, dict) and trust.run_id_ok(run.get("id")):
+            return True
+        shown = trust.shown(run.get("id") if isinstance(run, dict) else run)
+        if shown not in self.refused:
+            if len(self.refused) < 1000:  # a service that invents ids must not grow this
+                self.refused.add(shown)
+            why = "its id is not a UUID" if isinstance(run, dict) else "it is not an object"
+            logger.error(f"refusing a listed run: {why}", extra={"fields": {"id": shown}})
+        return False
 
     def accept(self, run_id: str, lease_id: str | None = None) -> str | None:
         """The lease id when this bridge now holds the run; None when another one does."""
@@ -173,23 +188,6 @@ class RelayClient:
     ) -> dict[str, Any]:
         body = {**state, "lease_id": lease_id} if lease_id else state
         return self._call("PUT", f"{_run_path(run_id)}/state", body, timeout=timeout, attempts=attempts)
-
-
-def _run_ok(run: Any) -> bool:
-    """A listed run the bridge may work: its id becomes a directory and a URL path, so
-    anything but a UUID (`/etc`, `../..`) is refused here, before it reaches either."""
-    if not isinstance(run, dict):
-        logger.error(
-            "refusing a listed run that is not an object", extra={"fields": {"run": trust.shown(run)}}
-        )
-        return False
-    if not trust.run_id_ok(run.get("id")):
-        logger.error(
-            "refusing a listed run: its id is not a UUID",
-            extra={"fields": {"id": trust.shown(run.get("id"))}},
-        )
-        return False
-    return True
 
 
 def _run_path(run_id: str) -> str:
