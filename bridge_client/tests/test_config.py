@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 from relay_bridge import config
+from relay_bridge.backends import make
 from relay_bridge.backends.bolt import BoltBackend
 from relay_bridge.backends.orchestrator import OrchestratorBackend
 from relay_bridge.backends.ssh import SshBackend
@@ -59,7 +60,7 @@ def test_a_relay_yaml_the_module_rendered_for_bolt_is_taken_unchanged(tmp_path):
     # The proxy's password, `@`, `:` and `/` in it, stays inside the URL's user part.
     assert settings.proxy_url == "http://relay:pr0xy%20p%40ss%3Aw%2Frd%25@127.0.0.1:3128"
     text = repr(settings)
-    assert "rlyt_" not in text and "pr0xy" not in text and TOKEN not in text
+    assert "rlyt_" not in text and "pr0xy" not in text and "b0lt" not in text and TOKEN not in text
     bolt = BoltBackend(settings.options("bolt"))
     assert bolt.bolt == ["/opt/puppetlabs/bin/bolt"]
     assert bolt.inventory() == {
@@ -78,6 +79,39 @@ def test_a_relay_yaml_the_module_rendered_for_pe_is_taken_unchanged(tmp_path):
     orchestrator = OrchestratorBackend({**settings.options("orchestrator"), "cacert": str(cacert)})
     assert orchestrator.api_url == "https://pe.invalid:8143/orchestrator/v1"
     assert orchestrator.session.headers["X-Authentication"] == "RBACTOKENPLACEHOLDER"
+
+
+# Every key of the module's settings (lib/puppet_x/relay/util/settings.rb, DEFAULTS), as a
+# hand-written relay.yaml may hold them all, whichever backend it picks.
+EVERY_MODULE_KEY = f"""
+debug: false
+test: true
+relay_api_url: https://relay.example.com/
+relay_connection_token: {TOKEN}
+relay_trigger_token: rlyt_x
+state_dir: {{state_dir}}
+backend: {{backend}}
+backend_orchestrator_api_url: https://pe.example.com:8143/orchestrator/v1/
+backend_orchestrator_token: rbac
+backend_bolt_command: [bolt]
+backend_bolt_ssh_user: root
+backend_bolt_ssh_password: secret
+backend_bolt_ssh_host_key_check: true
+backend_ssh_command: [ssh]
+proxy_host: proxy.example.com
+proxy_port: 3128
+proxy_user: relay
+proxy_password: secret
+"""
+
+
+@pytest.mark.parametrize("backend", ["orchestrator", "bolt", "ssh"])
+def test_every_key_the_module_knows_is_taken(tmp_path, backend):
+    path = write(tmp_path, EVERY_MODULE_KEY.format(state_dir=tmp_path / "state", backend=backend))
+    (tmp_path / "ca.pem").write_text("")
+    settings = load(path, environ={"RELAY_BACKEND_ORCHESTRATOR_CACERT": str(tmp_path / "ca.pem")})
+    assert (settings.backend, settings.state_dir) == (backend, tmp_path / "state")
+    assert make(settings, which=lambda name: None, pe=False).name == backend
 
 
 def test_the_module_s_names_for_the_ssh_and_bolt_commands(tmp_path):

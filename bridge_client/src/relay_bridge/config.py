@@ -56,7 +56,7 @@ class Config:
     relay_api_url: str
     relay_connection_token: str = field(repr=False)  # never in a repr, a log or a traceback
     backend: str | None  # None: choose as the RFC says (bolt if on PATH, else ssh)
-    backend_options: dict[str, dict[str, Any]]
+    backend_options: dict[str, dict[str, Any]] = field(repr=False)  # RBAC token, Bolt's password
     proxy_url: str | None = field(repr=False)  # may hold the proxy password
     state_dir: Path
     heartbeat_interval: float = 15.0
