@@ -6,6 +6,7 @@ A variable NAME that holds a secret may instead be given as NAME_FILE, a path to
 holding it (for Docker/Kubernetes secrets and systemd credentials).
 """
 
+import re
 from pathlib import Path
 
 import environ
@@ -215,6 +216,12 @@ VAULT_PATH_PREFIX = env.str("VAULT_PATH_PREFIX", default="relay")
 VAULT_CACERT = env.str("VAULT_CACERT", default="")
 VAULT_NAMESPACE = env.str("VAULT_NAMESPACE", default="")
 VAULT_TIMEOUT = env.float("VAULT_TIMEOUT", default=5.0)
+# This deployment's name where deployments may share infrastructure (staging beside production):
+# its Vault secrets are tagged with it, and the reconciler deletes only orphans so tagged.
+# Empty: the reconciler deletes nothing. `make run` generates one into var/deployment_id.
+RELAY_DEPLOYMENT_ID = env.str("RELAY_DEPLOYMENT_ID", default="")
+if RELAY_DEPLOYMENT_ID and not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", RELAY_DEPLOYMENT_ID):
+    raise ImproperlyConfigured("RELAY_DEPLOYMENT_ID is 1-64 letters, digits, '.', '_' or '-'.")
 
 # Celery: no data depends on the broker (every task can be re-derived from the database),
 # so `make run` may fall back to a filesystem transport when no Redis is reachable.
@@ -231,6 +238,10 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         # kombu puts the pidbox exchange files in ./control unless told otherwise.
         "control_folder": str(_queue_dir / "control"),
     }
+elif RELAY_DEPLOYMENT_ID:
+    # Every key (queues, unacked messages, bindings, control channels) under the deployment's
+    # id: deployments sharing a Redis never take each other's tasks.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": f"{RELAY_DEPLOYMENT_ID}:"}
 CELERY_TASK_IGNORE_RESULT = True
 # A request that queues work must not hang on a dead broker: give up fast; the periodic
 # sweepers send what was not queued.
@@ -272,10 +283,17 @@ RUNS_NOTIFY_CHANNEL = "relay_runs"
 # Largest JSON request body any API view parses; larger is a 413 before it is read.
 API_MAX_BODY_BYTES = env.int("API_MAX_BODY_BYTES", default=2 * 1024 * 1024)
 
-# Push triggers (/api/events). Sizes in bytes.
-EVENTS_MAX_BODY_BYTES = env.int("EVENTS_MAX_BODY_BYTES", default=64 * 1024 * 1024)
-EVENTS_MAX_DECOMPRESSED_BYTES = env.int("EVENTS_MAX_DECOMPRESSED_BYTES", default=256 * 1024 * 1024)
+# Push triggers (/api/events). Sizes in bytes. The largest body is one the worker can read
+# within EVENTS_READ_MEMORY_BYTES (README "Performance" has the figures).
+EVENTS_MAX_BODY_BYTES = env.int("EVENTS_MAX_BODY_BYTES", default=32 * 1024 * 1024)
+EVENTS_MAX_DECOMPRESSED_BYTES = env.int("EVENTS_MAX_DECOMPRESSED_BYTES", default=32 * 1024 * 1024)
 EVENTS_MAX_GZIP_RATIO = env.int("EVENTS_MAX_GZIP_RATIO", default=100)
+# What reading one report (a child process of the worker) may take: memory beyond the
+# worker's own, and seconds. More ends the event `failed`; the worker is not touched.
+EVENTS_READ_MEMORY_BYTES = env.int("EVENTS_READ_MEMORY_BYTES", default=1024 * 1024 * 1024)
+EVENTS_READ_TIMEOUT = env.float("EVENTS_READ_TIMEOUT", default=60.0)
+# Attempts at reading an event (a worker lost mid-read counts) before it ends `failed`.
+EVENTS_MAX_ATTEMPTS = env.int("EVENTS_MAX_ATTEMPTS", default=5)
 EVENTS_STUCK_AFTER = env.int("EVENTS_STUCK_AFTER", default=120)  # seconds in `received`
 # Where users reach this service, for links in notifications.
 RELAY_PUBLIC_URL = env.str("RELAY_PUBLIC_URL", default="http://127.0.0.1:8000").rstrip("/")

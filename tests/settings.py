@@ -1,6 +1,7 @@
 """The small test override of relay.settings: production-like (DEBUG off), real Postgres."""
 
 import os
+import secrets
 import tempfile
 from pathlib import Path
 
@@ -13,6 +14,8 @@ for name in ("SECURE_SSL_REDIRECT", "SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE
 # In os.environ, so that worker processes the tests start share them.
 os.environ.setdefault("EVENTS_STORAGE_LOCATION", tempfile.mkdtemp(prefix="relay-events-"))
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")  # the tests' own Redis db
+# A broker namespace of this test session's own: test runs sharing that db take only their own tasks.
+os.environ.setdefault("RELAY_DEPLOYMENT_ID", f"test-{secrets.token_hex(6)}")
 # conftest.py points these at the OpenBao dev server the test session starts.
 os.environ.setdefault("VAULT_ADDR", "http://127.0.0.1:1")
 
@@ -33,6 +36,7 @@ TEST_ONLY_ENV = (
     "REDIS_URL",
     "CELERY_",
     "EVENTS_",
+    "RELAY_DEPLOYMENT_ID",
 )
 
 

@@ -5,11 +5,14 @@ other) is dropped and its node read as the plain mapping, sequence or string it 
 timestamps become ISO-8601 UTC strings, the same form `canonical_time` gives quoted ones.
 Aliases are not copied when loading (PyYAML shares the object), so a billion-laughs document
 loads cheaply; `plain()` then walks the result with a node budget and a depth limit, and
-stops such a document fast with a clear reason.
+stops such a document fast with a clear reason. Nesting is bounded before any reader builds
+a node (see `_check_depth`). The worker calls these in a child process with limits
+(triggers/reader.py), which bounds what no check here can: memory, time, a reader's crash.
 """
 
 import gc
 import json
+import math
 import re
 from datetime import UTC, datetime
 from typing import Any
@@ -100,15 +103,36 @@ def _text(data: bytes) -> str:
         ) from None
 
 
+_OPENS = (yaml.SequenceStartEvent, yaml.MappingStartEvent)
+_CLOSES = (yaml.SequenceEndEvent, yaml.MappingEndEvent)
+
+
+def _check_depth(text: str) -> None:
+    """libyaml parses without recursion, but PyYAML's composer, which builds the nodes from
+    libyaml's events, recurses in C once per level without any limit: some 50,000 `[` or `- `
+    (100 KB) overflow the stack and kill the process outright, no RecursionError. So the
+    events are counted first, and a document nested deeper than plain() would accept stops
+    here, before a node is built. About 9 MB/s, on the reference path only (the fast path's
+    rapidyaml parses without recursion, and its emitter refuses more than 64 levels)."""
+    depth = 0
+    for event in yaml.parse(text, Loader=ReportLoader):
+        kind = type(event)
+        if kind in _OPENS:
+            depth += 1
+            if depth > MAX_DEPTH + 1:
+                raise UnreadableReport(f"The YAML is nested deeper than {MAX_DEPTH} levels; not read.")
+        elif kind in _CLOSES:
+            depth -= 1
+
+
 def load_yaml(data: bytes) -> Any:
     """The reference reader: PyYAML's CSafeLoader with every tag stripped."""
     text = _text(data)
     try:
+        _check_depth(text)
         return yaml.load(text, Loader=ReportLoader)  # noqa: S506 - ReportLoader builds plain data only
     except RecursionError:
-        raise UnreadableReport(
-            f"The YAML is nested deeper than this reader allows ({MAX_DEPTH} levels)."
-        ) from None
+        raise UnreadableReport(f"The YAML is nested deeper than {MAX_DEPTH} levels; not read.") from None
     except yaml.YAMLError as exc:
         raise UnreadableReport(f"The YAML cannot be read: {_first_line(exc)}") from None
 
@@ -118,9 +142,7 @@ def load_json(data: bytes) -> Any:
     try:
         return json.loads(text)
     except RecursionError:
-        raise UnreadableReport(
-            f"The JSON is nested deeper than this reader allows ({MAX_DEPTH} levels)."
-        ) from None
+        raise UnreadableReport(f"The JSON is nested deeper than {MAX_DEPTH} levels; not read.") from None
     except ValueError as exc:
         raise UnreadableReport(f"The JSON cannot be read: {exc}") from None
 
@@ -151,7 +173,7 @@ def plain(document: Any, budget: int) -> Any:
             return canonical_time(value)
         if isinstance(value, bytes):
             return value.decode("utf-8", "replace")
-        if isinstance(value, float) and value != value:  # NaN is not JSON
+        if isinstance(value, float) and not math.isfinite(value):  # NaN and infinities are not JSON
             return None
         return value
 

@@ -1,91 +1,145 @@
 """The worker's side of an event: read it, summarise it, offload its large parts, filter it."""
 
-import hashlib
-import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.conf import settings
-from django.core.files.base import ContentFile
-from django.core.files.storage import storages
-from django.db import IntegrityError, transaction
+from django.core.files import File
+from django.core.files.storage import Storage, storages
+from django.db import DatabaseError, DataError, IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from triggers import parsing, slack
+from triggers import reader, slack
 from triggers.ingest import body_name
-from triggers.models import BodyFormat, Event, EventState
-from triggers.reports import analyse, events_of, logs_of
+from triggers.models import Event, EventState
 
 log = logging.getLogger(__name__)
 
 
-def read(event: Event, data: bytes) -> Any:
-    """The document as plain data, or UnreadableReport."""
-    # A node needs a few bytes of text, unless aliases multiply it: anything far beyond is a bomb.
-    budget = 1_000_000 + len(data) // 2
-    if event.body_format == BodyFormat.YAML:
-        return parsing.read_yaml(data, budget)
-    return parsing.plain(parsing.load_json(data), budget)
+class StorageUnavailable(Exception):
+    """The events storage did not answer as it should (a later try may succeed)."""
 
 
-def offload(value: Any) -> dict[str, Any]:
-    """Store a part as JSON under its SHA-256; returns {name, size, sha256}."""
-    data = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
-    sha256 = hashlib.sha256(data).hexdigest()
-    name = f"parts/{sha256[:2]}/{sha256[2:4]}/{sha256}.json"
-    storage = storages["events"]
-    if not storage.exists(name):
-        storage.save(name, ContentFile(data))
-    return {"name": name, "size": len(data), "sha256": sha256}
+@contextmanager
+def _storage(what: str) -> Iterator[Storage]:
+    # Whatever the backend raises (OSError from files, botocore's errors from S3) is an
+    # outage to retry, never a reason to fail the event.
+    try:
+        yield storages["events"]
+    except Exception as exc:
+        raise StorageUnavailable(f"The events storage could not {what}: {exc}") from exc
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Storage or database unavailable: worth another try. Data the database refuses is not."""
+    if isinstance(exc, StorageUnavailable):
+        return True
+    return isinstance(exc, DatabaseError) and not isinstance(exc, DataError | IntegrityError)
 
 
 def process(event_id: str) -> None:
     """Idempotent: an event that is not `received` any more is left as it is. Storage and
-    database errors propagate (the task retries); an unreadable document fails the event."""
-    event = Event.objects.select_related("trigger").filter(pk=event_id, state=EventState.RECEIVED).first()
+    database unavailability propagate (the task retries); anything else ends the event
+    `failed` with the reason, and so does an event out of attempts (EVENTS_MAX_ATTEMPTS)."""
+    event = Event.objects.select_related("trigger").filter(pk=event_id).first()
     if event is None:
+        log.warning(
+            "event %s is not in this database, dropped: a task of another deployment on the "
+            "same broker? Give each deployment its own RELAY_DEPLOYMENT_ID.",
+            event_id,
+        )
         return
-    Event.objects.filter(pk=event.pk).update(attempts=event.attempts + 1)
-    with storages["events"].open(body_name(event.body_sha256), "rb") as body:
-        data = body.read()
+    if event.state != EventState.RECEIVED:
+        return
+    if event.out_of_attempts:
+        if event.give_up():
+            log.warning("event %s failed: gave up after %d attempts", event.pk, event.attempts)
+        return
     try:
-        analysed = analyse(read(event, data))
-    except parsing.UnreadableReport as exc:
-        _finish(event, EventState.FAILED, failure_reason=str(exc))
-        log.info("event %s failed: %s", event.pk, exc)
-        return
+        _process(event)
+    except Exception as exc:
+        if is_transient(exc):
+            _note(event, exc)
+            raise
+        log.exception("event %s failed", event.pk)
+        with transaction.atomic():
+            event.fail(f"The report could not be processed: {type(exc).__name__}: {exc}"[:1000])
 
-    # Large parts go to storage now, before the event points at them.
-    parts = {
-        "report": offload(analysed.report),
-        "logs": offload(logs_of(analysed.report)),
-        "events": offload(events_of(analysed.report)),
-    }
+
+def _note(event: Event, exc: BaseException) -> None:
+    try:
+        event.note_error(str(exc) if isinstance(exc, StorageUnavailable) else f"database: {exc}")
+    except DatabaseError:
+        pass  # the database is what is down
+
+
+def _process(event: Event) -> None:
+    with _storage("read the body") as storage:
+        body = storage.open(body_name(event.body_sha256), "rb")
+        body.fileno()  # S3: downloaded now, where its errors are storage errors
+    with body:
+        if not event.start_attempt():
+            return  # another delivery has finished it meanwhile
+        try:
+            read = reader.read(body, event.body_format, event.trigger.filters())
+        except reader.Failed as exc:
+            event.fail(str(exc))
+            log.info("event %s failed: %s", event.pk, exc)
+            if exc.detail:
+                log.warning("event %s: the reader raised\n%s", event.pk, exc.detail)
+            return
+    try:
+        log.info(
+            "event %s read in %.2f s; the reader's peak RSS was %d MB",
+            event.pk,
+            read.seconds,
+            read.peak_rss // 2**20,
+            extra={"reader_peak_rss": read.peak_rss},
+        )
+        # Large parts go to storage now, before the event points at them.
+        parts = {name: _offload(part) for name, part in read.parts.items()}
+    finally:
+        read.close()
+    _record(event, read, parts)
+
+
+def _offload(part: reader.Part) -> dict[str, Any]:
+    """Store a part (JSON) under its SHA-256; returns {name, size, sha256}."""
+    name = f"parts/{part.sha256[:2]}/{part.sha256[2:4]}/{part.sha256}.json"
+    with _storage("store a part") as storage:
+        if not storage.exists(name):
+            storage.save(name, File(part.file, name=name))
+    return {"name": name, "size": part.size, "sha256": part.sha256}
+
+
+def _record(event: Event, read: reader.Read, parts: dict[str, Any]) -> None:
     trigger = event.trigger
-    filters = trigger.filters()
-    state = (
-        EventState.MATCHED if filters.matches(analysed.summary, analysed.resources) else EventState.FILTERED
-    )
+    summary = read.summary
+    state = EventState.MATCHED if read.matched else EventState.FILTERED
     send_message = state == EventState.MATCHED and trigger.has_slack_webhook
     found = {
         "notification": "pending" if send_message else "",
-        "summary": analysed.summary,
+        "summary": summary,
         "parts": parts,
-        "host": analysed.summary["host"][:255],
-        "status": analysed.summary["status"],
-        "transaction_uuid": str(analysed.summary.get("transaction_uuid") or "")[:64],
-        "key": analysed.key,
+        "host": summary["host"][:255],
+        "status": summary["status"],
+        "transaction_uuid": str(summary.get("transaction_uuid") or "")[:64],
+        "key": read.key,
+        "failure_reason": "",
     }
     try:
         with transaction.atomic():
-            if _finish(event, state, **found) and send_message:
+            if event.finish(state, **found) and send_message:
                 transaction.on_commit(lambda: _queue_notification(event.pk))
     except IntegrityError:
         # Another event of this trigger holds the same transaction_uuid or key (the unique
         # indexes say so, race-free): this one is a resend.
         original = _original(event, found["transaction_uuid"], found["key"])
-        _finish(event, EventState.DUPLICATE, duplicate_of=original, **{**found, "notification": ""})
+        with transaction.atomic():
+            event.finish(EventState.DUPLICATE, duplicate_of=original, **{**found, "notification": ""})
 
 
 def _original(event: Event, transaction_uuid: str, key: str) -> Event | None:
@@ -96,15 +150,6 @@ def _original(event: Event, transaction_uuid: str, key: str) -> Event | None:
         Event.objects.filter(same, trigger=event.trigger, state__in=(EventState.MATCHED, EventState.FILTERED))
         .exclude(pk=event.pk)
         .first()
-    )
-
-
-def _finish(event: Event, state: str, **fields: Any) -> bool:
-    # Only from `received`: a second delivery of the same task changes nothing.
-    return bool(
-        Event.objects.filter(pk=event.pk, state=EventState.RECEIVED).update(
-            state=state, processed_at=timezone.now(), **fields
-        )
     )
 
 
