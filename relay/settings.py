@@ -295,6 +295,9 @@ EVENTS_READ_TIMEOUT = env.float("EVENTS_READ_TIMEOUT", default=60.0)
 # Attempts at reading an event (a worker lost mid-read counts) before it ends `failed`.
 EVENTS_MAX_ATTEMPTS = env.int("EVENTS_MAX_ATTEMPTS", default=5)
 EVENTS_STUCK_AFTER = env.int("EVENTS_STUCK_AFTER", default=120)  # seconds in `received`
+if EVENTS_STUCK_AFTER <= EVENTS_READ_TIMEOUT:
+    # The sweeper would send again an event that is still being read.
+    raise ImproperlyConfigured("EVENTS_STUCK_AFTER must be longer than EVENTS_READ_TIMEOUT.")
 # Where users reach this service, for links in notifications.
 RELAY_PUBLIC_URL = env.str("RELAY_PUBLIC_URL", default="http://127.0.0.1:8000").rstrip("/")
 SLACK_TIMEOUT = env.float("SLACK_TIMEOUT", default=10.0)

@@ -24,6 +24,7 @@ from rest_framework import exceptions
 
 from relay.api.exceptions import LengthRequired, PayloadTooLarge
 from triggers.models import BodyFormat, Event, EventState, Trigger
+from triggers.parsing import without_nul
 
 log = logging.getLogger(__name__)
 CHUNK = 64 * 1024
@@ -170,7 +171,8 @@ def peek(spool: BinaryIO, fmt: str, size: int) -> tuple[str, str]:
         else:
             report, key = document, None
         uuid = report.get("transaction_uuid")
-        return (uuid[:64] if isinstance(uuid, str) else ""), (
+        # As the worker will store them (no NUL: PostgreSQL refuses it).
+        return without_nul(uuid[:64] if isinstance(uuid, str) else ""), without_nul(
             str(key)[:255] if isinstance(key, str | int) else ""
         )
     head = spool.read(PEEK_BYTES)

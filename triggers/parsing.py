@@ -180,6 +180,18 @@ def plain(document: Any, budget: int) -> Any:
     return walk(document, 0)
 
 
+def without_nul(value: Any) -> Any:
+    """PostgreSQL keeps no NUL in text or jsonb: what goes into the database (a summary, a
+    key) has U+FFFD instead. (The stored parts are files, and keep the report as it was.)"""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {without_nul(k): without_nul(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_nul(v) for v in value]
+    return value
+
+
 def _key(key: Any) -> str:
     if isinstance(key, str):
         return key

@@ -108,8 +108,8 @@ def _read(fd: int, body_format: str, filters: Filters, files: list[BinaryIO]) ->
     del document
     values = (analysed.report, logs_of(analysed.report), events_of(analysed.report))
     return {
-        "summary": _without_nul(analysed.summary),
-        "key": _without_nul(analysed.key),
+        "summary": parsing.without_nul(analysed.summary),
+        "key": parsing.without_nul(analysed.key),
         "matched": filters.matches(analysed.summary, analysed.resources),
         "parts": {name: _write(value, file) for name, value, file in zip(PARTS, values, files, strict=True)},
     }
@@ -120,18 +120,6 @@ def _write(value: Any, file: BinaryIO) -> dict[str, Any]:
     file.write(data)
     file.flush()  # os._exit flushes nothing
     return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-
-
-def _without_nul(value: Any) -> Any:
-    """PostgreSQL keeps no NUL in text or jsonb: the summary's (small) strings get U+FFFD.
-    The parts are files, and keep the report as it was."""
-    if isinstance(value, str):
-        return value.replace("\x00", "\ufffd")
-    if isinstance(value, dict):
-        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_without_nul(v) for v in value]
-    return value
 
 
 def _in_child(work: Any) -> tuple[dict[str, Any], float, int]:
