@@ -45,9 +45,11 @@ PR_SET_PDEATHSIG = 1
 class Failed(Exception):
     """The document could not be read; the message says why, for the event."""
 
-    def __init__(self, reason: str, detail: str = "") -> None:
+    def __init__(self, reason: str, detail: str, seconds: float, peak_rss: int) -> None:
         super().__init__(reason)
         self.detail = detail  # a traceback, for the worker's log
+        self.seconds = seconds
+        self.peak_rss = peak_rss
 
 
 @dataclass
@@ -80,7 +82,7 @@ def read(body: BinaryIO, body_format: str, filters: Filters) -> Read:
     try:
         outcome, seconds, peak_rss = _in_child(lambda: _read(fd, body_format, filters, files))
         if "failed" in outcome:
-            raise Failed(outcome["failed"], outcome.get("detail", ""))
+            raise Failed(outcome["failed"], outcome.get("detail", ""), seconds, peak_rss)
         parts = {}
         for (name, meta), file in zip(outcome["parts"].items(), files, strict=True):
             file.seek(0)
@@ -155,7 +157,7 @@ def _in_child(work: Any) -> tuple[dict[str, Any], float, int]:
         return (
             {"failed": f"Reading it took more than {timeout:g} s (EVENTS_READ_TIMEOUT); not read."},
             seconds,
-            0,
+            peak_rss,
         )
     try:
         return json.loads(message), seconds, peak_rss

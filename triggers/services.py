@@ -86,24 +86,29 @@ def _process(event: Event) -> None:
         try:
             read = reader.read(body, event.body_format, event.trigger.filters())
         except reader.Failed as exc:
-            event.fail(str(exc))
-            log.info("event %s failed: %s", event.pk, exc)
+            _log_read(event, exc.seconds, exc.peak_rss, f"failed: {exc}")
             if exc.detail:
                 log.warning("event %s: the reader raised\n%s", event.pk, exc.detail)
+            event.fail(str(exc))
             return
     try:
-        log.info(
-            "event %s read in %.2f s; the reader's peak RSS was %d MB",
-            event.pk,
-            read.seconds,
-            read.peak_rss // 2**20,
-            extra={"reader_peak_rss": read.peak_rss},
-        )
+        _log_read(event, read.seconds, read.peak_rss, "read")
         # Large parts go to storage now, before the event points at them.
         parts = {name: _offload(part) for name, part in read.parts.items()}
     finally:
         read.close()
     _record(event, read, parts)
+
+
+def _log_read(event: Event, seconds: float, peak_rss: int, outcome: str) -> None:
+    log.info(
+        "event %s: %s (%.2f s; the reader's peak RSS %d MB)",
+        event.pk,
+        outcome,
+        seconds,
+        peak_rss // 2**20,
+        extra={"reader_peak_rss": peak_rss},
+    )
 
 
 def _offload(part: reader.Part) -> dict[str, Any]:
