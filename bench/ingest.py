@@ -265,7 +265,8 @@ def worker_memory(sizes: list[float]) -> None:
             outcome = event.state if event.state != "failed" else f"failed: {event.failure_reason}"
             print(
                 f"  {megabytes:5.1f} MB, {reader:9}: worker {before / 1024:.0f} MB before, peak "
-                f"{worker_peak / 1024:.0f} MB; reader child peak {handler.peak / 2**20:.0f} MB; "
+                f"{worker_peak / 1024:.0f} MB; reader child peak {handler.peak / 2**20:.0f} MB "
+                f"({(handler.peak / 1024 - before) / 1024:+.0f} MB over the worker); "
                 f"{seconds:.1f} s; {outcome}"
             )
 

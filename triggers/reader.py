@@ -32,6 +32,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, NoReturn
 
+import ryml  # noqa: F401 - imported once here, not again in every child (30 ms)
 from django.conf import settings
 
 from triggers import parsing
