@@ -150,11 +150,9 @@ def test_a_document_without_puppet_s_header_is_the_reference_s():
     assert load_yaml_fast(b"host: a\nstatus: changed\n") is None
 
 
-@pytest.mark.parametrize(
-    "value", [b"1" + b"_1" * 16000 + b"x", b"_1" * 16000 + b".x", b"1." + b"1_" * 16000 + b"x"]
-)
+@pytest.mark.parametrize("value", [b"1" + b"_1" * 16000 + b"x", b"1." + b"1_" * 16000 + b"x"])
 def test_the_fast_path_s_scans_take_linear_time(value):
-    # Each once backtracked quadratically: 22 s for the first, 32 KB, a hang at 200 KB.
+    # Both once backtracked quadratically: 22 s for the first, 32 KB; a hang at 200 KB.
     data = PSYCH_REPORT + b"host: x\nv: " + value + b"\n"
     started = time.monotonic()
     assert read_yaml(data, BUDGET) == reference(data)
