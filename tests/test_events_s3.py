@@ -13,7 +13,7 @@ from tests.conftest import client_for
 from tests.events_helpers import fixture, post
 from triggers import services
 from triggers.ingest import body_name
-from triggers.models import Trigger
+from triggers.models import Event, Trigger
 
 REPORT = fixture("puppet-8.4-jacobbrewer1-puppet-summary-example.yaml")
 
@@ -45,6 +45,7 @@ def s3(settings, monkeypatch):
             },
         },
     }
+    client.server = server
     yield client
     server.stop()
 
@@ -68,3 +69,17 @@ def test_bodies_and_parts_go_to_s3_and_come_back_as_streams(alice, alice_api, s3
     assert json.loads(b"".join(report.streaming_content))["host"] == "example-host"
     body = client_for(alice).get(detail["parts"]["body"]["url"])
     assert b"".join(body.streaming_content) == REPORT
+
+
+def test_an_s3_outage_is_retried_not_a_failed_event(alice, s3):
+    _, token = Trigger.create_with_token(owner=alice, name="t")
+    event_id = post(str(token), REPORT).json()["id"]
+    s3.server.stop()  # S3 is down when the worker reads the body
+    with pytest.raises(services.StorageUnavailable):
+        services.process(event_id)
+    event = Event.objects.get(pk=event_id)
+    assert (event.state, event.attempts) == ("received", 0)  # not read: no attempt counted
+    assert event.failure_reason.startswith("The events storage could not read the body (")
+    s3.server.start()
+    services.process(event_id)
+    assert Event.objects.get(pk=event_id).state == "matched"

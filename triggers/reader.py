@@ -133,21 +133,26 @@ def _in_child(work: Any) -> tuple[dict[str, Any], float, int]:
     readable, writable = os.pipe()
     started = time.monotonic()
     pid = os.fork()
-    if pid == 0:  # the child
-        os.close(readable)
-        _child(work, writable, parent, memory, timeout)
+    if pid == 0:  # the child: it never returns into the worker's code
+        try:
+            os.close(readable)
+            _child(work, writable, parent, memory, timeout)
+        finally:
+            os._exit(1)
     os.close(writable)
-    message = b""
+    message = bytearray()
     timed_out = ended = False
     try:
         with os.fdopen(readable, "rb", buffering=0) as pipe:
+            waiting = select.poll()
+            waiting.register(pipe, select.POLLIN)
             while not (timed_out or ended):
                 remaining = started + timeout - time.monotonic()
-                if remaining <= 0 or not select.select([pipe], [], [], remaining)[0]:
+                if remaining <= 0 or not waiting.poll(remaining * 1000):
                     timed_out = True
                     continue
                 chunk = pipe.read(65536)
-                message += chunk
+                message.extend(chunk)
                 ended = not chunk
     finally:
         if not ended:  # timed out, or the worker itself is stopping

@@ -20,7 +20,8 @@ log = logging.getLogger(__name__)
 
 
 class StorageUnavailable(Exception):
-    """The events storage did not answer as it should (a later try may succeed)."""
+    """The events storage did not answer as it should (a later try may succeed). The message,
+    shown on the event, names no path or bucket; the log has the backend's error."""
 
 
 @contextmanager
@@ -30,7 +31,8 @@ def _storage(what: str) -> Iterator[Storage]:
     try:
         yield storages["events"]
     except Exception as exc:
-        raise StorageUnavailable(f"The events storage could not {what}: {exc}") from exc
+        log.warning("the events storage could not %s: %s", what, exc)
+        raise StorageUnavailable(f"The events storage could not {what} ({type(exc).__name__}).") from exc
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -70,8 +72,11 @@ def process(event_id: str) -> None:
 
 
 def _note(event: Event, exc: BaseException) -> None:
+    error = (
+        str(exc) if isinstance(exc, StorageUnavailable) else f"The database failed ({type(exc).__name__})."
+    )
     try:
-        event.note_error(str(exc) if isinstance(exc, StorageUnavailable) else f"database: {exc}")
+        event.note_error(error)
     except DatabaseError:
         pass  # the database is what is down
 
@@ -79,7 +84,11 @@ def _note(event: Event, exc: BaseException) -> None:
 def _process(event: Event) -> None:
     with _storage("read the body") as storage:
         body = storage.open(body_name(event.body_sha256), "rb")
-        body.fileno()  # S3: downloaded now, where its errors are storage errors
+        try:
+            body.fileno()  # S3: downloaded now, where its errors are storage errors
+        except BaseException:
+            body.close()
+            raise
     with body:
         if not event.start_attempt():
             return  # another delivery has finished it meanwhile
