@@ -217,8 +217,7 @@ VAULT_CACERT = env.str("VAULT_CACERT", default="")
 VAULT_NAMESPACE = env.str("VAULT_NAMESPACE", default="")
 VAULT_TIMEOUT = env.float("VAULT_TIMEOUT", default=5.0)
 # This deployment's name where deployments may share infrastructure (staging beside production):
-# its Vault secrets are tagged with it, and the reconciler deletes only orphans so tagged.
-# Empty: the reconciler deletes nothing. `make run` generates one into var/deployment_id.
+# its broker keys are prefixed with it (below). `make run` generates one into var/deployment_id.
 RELAY_DEPLOYMENT_ID = env.str("RELAY_DEPLOYMENT_ID", default="")
 if RELAY_DEPLOYMENT_ID and not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", RELAY_DEPLOYMENT_ID):
     raise ImproperlyConfigured("RELAY_DEPLOYMENT_ID is 1-64 letters, digits, '.', '_' or '-'.")
@@ -289,7 +288,7 @@ EVENTS_MAX_DECOMPRESSED_BYTES = env.int("EVENTS_MAX_DECOMPRESSED_BYTES", default
 EVENTS_MAX_GZIP_RATIO = env.int("EVENTS_MAX_GZIP_RATIO", default=100)
 # What reading one report (a child process of the worker) may take: memory beyond the
 # worker's own, and seconds. More ends the event `failed`; the worker is not touched. A
-# report costs the reference reader about 30 times its size (the fast path 13 times; README
+# report costs the reference reader about 30 times its size (the fast path 11-17; README
 # "Performance"), so by default the largest body the door takes can be read.
 EVENTS_READ_MEMORY_BYTES = env.int("EVENTS_READ_MEMORY_BYTES", default=40 * EVENTS_MAX_DECOMPRESSED_BYTES)
 EVENTS_READ_TIMEOUT = env.float("EVENTS_READ_TIMEOUT", default=60.0)
