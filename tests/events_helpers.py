@@ -219,8 +219,10 @@ def queue_key(queue: str = "celery") -> str:
     return settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("global_keyprefix", "") + queue
 
 
-def clear_queues(client) -> None:
-    """Drop every key of this session's broker namespace (not other sessions' on the same db)."""
-    prefix = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("global_keyprefix", "")
+def clear_queues(client, prefix: str | None = None) -> None:
+    """Drop every key of this session's broker namespace (not other sessions' on the same db),
+    or of the namespace `prefix`."""
+    if prefix is None:
+        prefix = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("global_keyprefix", "")
     for key in client.scan_iter(match=f"{prefix}*"):
         client.delete(key)

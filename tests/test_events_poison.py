@@ -133,7 +133,8 @@ def test_a_worker_killed_mid_read_again_and_again_gives_up(broker, token, settin
 
 
 def test_deployments_sharing_a_redis_take_only_their_own_tasks(broker, token, tmp_path):
-    other = Worker(env={"RELAY_DEPLOYMENT_ID": f"other-{uuid.uuid4().hex[:8]}"}, log=tmp_path / "other.log")
+    namespace = f"other-{uuid.uuid4().hex[:8]}"
+    other = Worker(env={"RELAY_DEPLOYMENT_ID": namespace}, log=tmp_path / "other.log")
     try:
         event_id = post(token, PUPPET_8).json()["id"]
         assert broker.llen(queue_key()) == 1  # queued in this deployment's namespace
@@ -142,6 +143,7 @@ def test_deployments_sharing_a_redis_take_only_their_own_tasks(broker, token, tm
             wait_until(lambda: state(event_id) != "received" or broker.llen(queue_key()) == 0, timeout=5)
     finally:
         other.stop()
+        clear_queues(broker, f"{namespace}:")
 
     ours = Worker(log=tmp_path / "ours.log")
     try:
