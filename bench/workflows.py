@@ -56,8 +56,13 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=2, help="worker processes")
     args = parser.parse_args()
     broker = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/13")
+    # The bench's own key prefix in the broker's Redis db (RELAY_DEPLOYMENT_ID), cleared first.
+    deployment = "bench-workflows"
     with service.prepared(
-        "relay_bench_workflows", WORKFLOW_NOOP_STEPS="true", CELERY_BROKER_URL=broker
+        "relay_bench_workflows",
+        WORKFLOW_NOOP_STEPS="true",
+        CELERY_BROKER_URL=broker,
+        RELAY_DEPLOYMENT_ID=deployment,
     ) as env:
         import redis
         from django.contrib.auth.models import User
@@ -66,7 +71,9 @@ def main() -> None:
         from workflows import engine
         from workflows.models import StepRun, Workflow
 
-        redis.Redis.from_url(broker).flushdb()
+        client = redis.Redis.from_url(broker)
+        for key in client.scan_iter(match=f"{deployment}:*"):
+            client.delete(key)
         owner = User.objects.create_user("bench")
         chain = Workflow.objects.create(owner=owner, name="chain")
         chain.add_revision(document(20, chained=True), owner)

@@ -9,6 +9,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.utils import timezone
 
+from tests.events_helpers import clear_queues, queue_key
 from tests.workflow_helpers import NOOP, EngineWorker, finished, run_of, statuses, steps_of, wait_until
 from workflows import engine
 from workflows.models import StepRun, WorkflowRun
@@ -30,9 +31,9 @@ steps:
 @pytest.fixture
 def broker():
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-    client.flushdb()  # messages earlier tests queued for runs that are gone
+    clear_queues(client)  # messages earlier tests queued for runs that are gone
     yield client
-    client.flushdb()
+    clear_queues(client)
 
 
 @pytest.fixture
@@ -71,11 +72,11 @@ def test_a_worker_killed_mid_step_loses_nothing(broker, owner, tmp_path):
 
 def test_messages_the_broker_lost_are_sent_again(broker, owner, tmp_path):
     lost_start = run_of(owner, CHAIN.replace("sleep: 3", "sleep: 0"))
-    assert broker.llen("celery") == 1
-    broker.flushdb()  # the broker restarts without its queue
+    assert broker.llen(queue_key()) == 1
+    clear_queues(broker)  # the broker restarts without its queue
     begun = run_of(owner, CHAIN.replace("sleep: 3", "sleep: 0"), name="wf2")
     begun.begin()  # start_run ran, and the start_step it queued was lost:
-    broker.flushdb()
+    clear_queues(broker)
     worker = EngineWorker(tmp_path / "worker.log", pool="solo")
     try:
         assert engine.sweep() == 0  # nothing is overdue yet

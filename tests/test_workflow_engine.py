@@ -15,6 +15,7 @@ from django.utils import timezone
 from puppet_connection.models import PuppetConnection
 from runs.models import Run
 from tests.conftest import run_concurrently
+from tests.events_helpers import clear_queues
 from tests.workflow_helpers import (
     NOOP,
     EngineWorker,
@@ -35,7 +36,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture(scope="module")
 def worker(django_db_setup, django_db_blocker, bao, tmp_path_factory):
     """One worker of four processes for the whole module (starting one takes seconds)."""
-    redis.Redis.from_url(settings.CELERY_BROKER_URL).flushdb()  # earlier modules' messages
+    clear_queues(redis.Redis.from_url(settings.CELERY_BROKER_URL))  # earlier modules' messages
     with django_db_blocker.unblock():
         process = EngineWorker(
             tmp_path_factory.mktemp("engine") / "worker.log",
@@ -253,6 +254,11 @@ steps:
   spec:
     outputs:
       x: ${{secrets.unset}}
+- name: c
+  image: {NOOP}
+  spec:
+    puppet: !Connection {{type: puppet, name: nowhere}}
+    outputs: {{x: !Output [a, nothing], y: !Output [a, length]}}
 """,
     )
     WorkflowSecret.put(workflow, "api-key", "s3cr3t", owner)
@@ -265,6 +271,12 @@ steps:
         steps["b"].message
         == "Its spec refers to what is not there: secret 'unset' (not set for this workflow)."
     )
+    assert steps["c"].status == "failure"
+    assert steps["c"].message == (
+        "Its spec refers to what is not there: connection puppet 'nowhere' (the workflow's owner has none "
+        "by that name); output 'nothing' of step 'a' (never set)."
+    )
+    assert "s3cr3t" not in run.message + steps["b"].message + steps["c"].message
 
 
 def test_a_handler_that_keeps_raising_ends_in_system_error_after_bounded_attempts(worker, owner):

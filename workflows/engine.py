@@ -538,7 +538,7 @@ class _Lookups:
         for kind, name in missing.connections:
             if ("connection", kind, name) not in self.tried:
                 self.tried.add(("connection", kind, name))
-                value = registry.resolve_connection(kind, self.owner_id, name)
+                value = registry.resolve_connection(self.owner_id, kind, name)
                 if value is not None:
                     data.connections[(kind, name)] = dict(value)
                     added = True

@@ -5,9 +5,10 @@ registered by the modules that define them, imported from `load()` below, so tha
 engine, the API and the admin all see the same list. An image with no handler ends its step
 `failure`, with a message naming the images that can run.
 
-Connections: `!Connection {type, name}` resolves through CONNECTIONS[type](owner_id, name),
-which returns the value a step sees (for `puppet`, `{relayAPIURL, token}`), or None when the
-owner has no such connection.
+Connections: `!Connection {type, name}` resolves through `connection_resolver(owner_id,
+type, name)`, set by the module that defines connections: the value a step sees (for
+`puppet`, `{relayAPIURL, token}`), or None when the owner has no such connection (the step
+then fails, naming it). It may raise relay.vault.VaultUnavailable: the engine tries again.
 """
 
 from collections.abc import Callable, Mapping
@@ -18,10 +19,10 @@ from django.conf import settings
 from workflows.steps.base import StepHandler, image_name
 
 HandlerFactory = Callable[[], StepHandler]
-ConnectionResolver = Callable[[int, str], Mapping[str, Any] | None]
+ConnectionResolver = Callable[[int, str, str], Mapping[str, Any] | None]  # (owner_id, type, name)
 
 HANDLERS: dict[str, HandlerFactory] = {}
-CONNECTIONS: dict[str, ConnectionResolver] = {}
+connection_resolver: ConnectionResolver | None = None
 
 
 def register(image: str) -> Callable[[HandlerFactory], HandlerFactory]:
@@ -30,14 +31,6 @@ def register(image: str) -> Callable[[HandlerFactory], HandlerFactory]:
     def add(factory: HandlerFactory) -> HandlerFactory:
         HANDLERS[image_name(image)] = factory
         return factory
-
-    return add
-
-
-def register_connection(kind: str) -> Callable[[ConnectionResolver], ConnectionResolver]:
-    def add(resolver: ConnectionResolver) -> ConnectionResolver:
-        CONNECTIONS[kind] = resolver
-        return resolver
 
     return add
 
@@ -64,6 +57,5 @@ def runnable_images() -> list[str]:
     return sorted(HANDLERS)
 
 
-def resolve_connection(kind: str, owner_id: int, name: str) -> Mapping[str, Any] | None:
-    resolver = CONNECTIONS.get(kind)
-    return resolver(owner_id, name) if resolver is not None else None
+def resolve_connection(owner_id: int, kind: str, name: str) -> Mapping[str, Any] | None:
+    return connection_resolver(owner_id, kind, name) if connection_resolver is not None else None
