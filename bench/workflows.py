@@ -128,6 +128,8 @@ def main() -> None:
             worker.terminate()
             worker.wait()
             connections.close_all()
+            for key in client.scan_iter(match=f"{deployment}:*"):
+                client.delete(key)
 
 
 if __name__ == "__main__":

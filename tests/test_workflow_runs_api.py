@@ -3,6 +3,7 @@ and who may do what. (The engine's own behaviour, on real workers, is in
 test_workflow_engine.py; here no worker runs, and steps are moved in-process when needed.)"""
 
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import User
 
 from tests.conftest import client_for
@@ -250,7 +251,9 @@ def test_secrets_are_write_only_and_kept_in_vault(
     path = f"relay/workflows/{workflow['id']}/secrets/api-key"
     assert bao.read(path) == {"value": "second"}
     meta = bao.root().secrets.kv.v2.read_secret_metadata(path=path)["data"]
-    assert meta["current_version"] == 2 and meta["custom_metadata"] == {"relay_deployment": "tests"}
+    assert meta["current_version"] == 2 and meta["custom_metadata"] == {
+        "relay_deployment": settings.RELAY_DEPLOYMENT_ID
+    }
     shown = alice_api.get("/api/workflows/deploy/")
     assert shown.json()["secrets"] == ["api-key"] and b"second" not in shown.content
     assert WorkflowSecret.value_of(workflow["id"], "api-key") == "second"

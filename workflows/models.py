@@ -166,11 +166,6 @@ class WorkflowRun(models.Model):
     def __str__(self) -> str:
         return f"{self.workflow.name} run {self.id}"
 
-    @property
-    def owner_id(self) -> int:
-        """The workflow's owner: a run is theirs (relay.api.permissions)."""
-        return self.workflow.owner_id
-
     def begin(self) -> bool:
         """initializing → in-progress, once."""
         now = timezone.now()
