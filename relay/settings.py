@@ -303,6 +303,16 @@ EVENTS_RATE_LIMIT_BYTES_PER_HOUR = env.int("EVENTS_RATE_LIMIT_BYTES_PER_HOUR", d
 # Where users reach this service, for links in notifications.
 RELAY_PUBLIC_URL = env.str("RELAY_PUBLIC_URL", default="http://127.0.0.1:8000").rstrip("/")
 SLACK_TIMEOUT = env.float("SLACK_TIMEOUT", default=10.0)
+# Hosts a Slack webhook URL may name (https only). The connection is refused anyway when the
+# name resolves to a loopback, private, link-local, multicast or reserved address.
+SLACK_WEBHOOK_HOSTS = [
+    host.lower().rstrip(".") for host in env.list("SLACK_WEBHOOK_HOSTS", default=["hooks.slack.com"])
+]
+# For tests only, and deliberately not read from the environment, so that no deployment can
+# turn them on by accident: tests/test_events_slack.py lets the Slack stand-in on loopback be
+# reached, with a CA of its own. None is the system's CAs.
+SLACK_WEBHOOK_ALLOW_LOOPBACK = False
+SLACK_CA_BUNDLE: str | None = None
 
 # How often "last used" may be written for one token.
 TOKEN_LAST_USED_RESOLUTION = 60

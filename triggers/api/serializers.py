@@ -4,6 +4,7 @@ from rest_framework import serializers
 
 from relay.api.serializers import StrictCharField, TokenField, TokenHolderSerializer
 from triggers.models import Event, Trigger
+from triggers.slack import check_webhook_url
 
 REPORT_STATUSES = ["changed", "failed", "unchanged"]
 
@@ -28,7 +29,9 @@ class TriggerSerializer(TokenHolderSerializer):
         required=False,
         allow_blank=True,
         max_length=2000,
-        help_text="A Slack incoming-webhook URL, kept in Vault; empty removes it.",
+        validators=[check_webhook_url],
+        help_text="A Slack incoming-webhook URL (https, to a host in SLACK_WEBHOOK_HOSTS), kept in "
+        "Vault; empty removes it.",
     )
 
     class Meta:
