@@ -7,7 +7,7 @@ from django.db import models, transaction
 from django.db.models.fields.json import KeyTransform
 from django.utils import timezone
 
-from puppet_connection.models import name_validator
+from connections.models import name_validator
 from relay import tokens, vault
 from triggers.reports import Filters
 

@@ -4,7 +4,7 @@ from django.conf import settings
 from django.db import models, transaction
 from django.utils import timezone
 
-from puppet_connection.models import name_validator
+from connections.models import name_validator
 from workflows.dialect import validate
 from workflows.dialect.workflow import Workflow as ParsedWorkflow
 
