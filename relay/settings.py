@@ -314,6 +314,10 @@ SLACK_WEBHOOK_HOSTS = [
 # reached, with a CA of its own. None is the system's CAs.
 SLACK_WEBHOOK_ALLOW_LOOPBACK = False
 SLACK_CA_BUNDLE: str | None = None
+# Slack's Web API, where the relaysh/slack-step-message-send step posts (https only; public
+# addresses only, as for webhooks). SLACK_API_ALLOW_LOOPBACK is for tests, like the above.
+SLACK_API_URL = env.str("SLACK_API_URL", default="https://slack.com/api").rstrip("/")
+SLACK_API_ALLOW_LOOPBACK = False
 
 # How often "last used" may be written for one token.
 TOKEN_LAST_USED_RESOLUTION = 60

@@ -54,6 +54,7 @@ def test_every_image_has_its_handler_and_tags_are_tolerated():
         RUN,
         TASK_RUN_START,
         PLAN_RUN_START,
+        "relaysh/slack-step-message-send",
     }
     assert HANDLERS[image_name("relaysh/puppet-step-run-start:latest")] is HANDLERS[RUN_START]
     assert image_name("docker.io/relaysh/puppet-step-run-wait@sha256:ab12") == f"docker.io/{RUN_WAIT}"

@@ -9,7 +9,9 @@ from workflows.steps.puppet_run import PuppetRun
 from workflows.steps.puppet_run_start import RunStart
 from workflows.steps.puppet_run_wait import RunWait
 from workflows.steps.puppet_task_run_start import TaskRunStart
+from workflows.steps.slack_message_send import MessageSend
 
 HANDLERS: dict[str, Callable[[], StepHandler]] = {
-    handler.image: handler for handler in (RunStart, RunWait, PuppetRun, TaskRunStart, PlanRunStart)
+    handler.image: handler
+    for handler in (RunStart, RunWait, PuppetRun, TaskRunStart, PlanRunStart, MessageSend)
 }
