@@ -1,15 +1,24 @@
 """Benchmark of report ingestion, on a report a real `puppet apply` makes.
 
     .venv/bin/python bench/ingest.py [--resources 3200] [--uploads 30] [--concurrent 20]
+                                     [--sizes 0.5,5,20,60] [--memory-only] [--database NAME]
 
 Prints: the report's size; reference parse speed (PyYAML CSafeLoader with tag stripping) and
 rapidyaml's (parse, JSON emit, json.loads) in MB/s in the same run; 202 latency p50/p99 for
 the report against gunicorn; the web workers' peak RSS while `--concurrent` such reports
 arrive at once, beside the same for a report a tenth the size; reports per second through
-one worker. It makes its own database (relay_bench_ingest), storage and OpenBao dev server.
+one worker; and the worker's memory against body size: for reports of `--sizes` MB (made by
+repeating resources), through the fast path and through the reference reader, the worker
+process's peak RSS and its reader child's (triggers/reader.py), with the limits as configured
+(EVENTS_READ_MEMORY_BYTES). It makes its own database (relay_bench_ingest), storage and
+OpenBao dev server.
 """
 
 import argparse
+import gc
+import hashlib
+import logging
+import os
 import shutil
 import statistics
 import subprocess
@@ -22,7 +31,7 @@ from pathlib import Path
 import requests
 import service  # bench/service.py
 
-from tests.events_helpers import puppet_apply, stored_report
+from tests.events_helpers import big_report, puppet_apply, stored_report
 
 
 def make_report(resources: int, workdir: Path) -> bytes:
@@ -94,11 +103,19 @@ def main() -> None:
     parser.add_argument("--resources", type=int, default=3200)
     parser.add_argument("--uploads", type=int, default=30)
     parser.add_argument("--concurrent", type=int, default=20)
+    parser.add_argument("--sizes", default="0.5,5,20,60", help="report sizes in MB for the memory figures")
+    parser.add_argument("--memory-only", action="store_true", help="only the memory figures (no Puppet)")
+    parser.add_argument("--database", default="relay_bench_ingest", help="made, and dropped at the end")
     args = parser.parse_args()
+    sizes = [float(size) for size in args.sizes.split(",")]
+    workdir = Path(tempfile.mkdtemp(prefix="relay-bench-"))
+    if args.memory_only:
+        with service.prepared(args.database, EVENTS_STORAGE_LOCATION=str(workdir / "events")):
+            worker_memory(sizes)
+        shutil.rmtree(workdir, ignore_errors=True)
+        return
     if shutil.which("puppet") is None:
         sys.exit("needs puppet (apt-get install puppet-agent)")
-
-    workdir = Path(tempfile.mkdtemp(prefix="relay-bench-"))
     started = time.perf_counter()
     report = make_report(args.resources, workdir)
     print(
@@ -108,7 +125,7 @@ def main() -> None:
 
     with (
         service.prepared(
-            "relay_bench_ingest",
+            args.database,
             EVENTS_STORAGE_LOCATION=str(workdir / "events"),
             CELERY_BROKER_URL="redis://127.0.0.1:6379/14",  # its own db; nobody consumes it
             STATIC_ROOT=str(workdir / "static"),
@@ -116,6 +133,7 @@ def main() -> None:
         service.gunicorn(env) as (port, master),
     ):
         run(args, report, port, master)
+        worker_memory(sizes)
     shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -186,6 +204,71 @@ def run(args: argparse.Namespace, report: bytes, port: int, master: int) -> None
         f"({len(report) / 1e6 * len(ids) / elapsed:.2f} MB/s), "
         f"{elapsed / len(ids):.2f} s a report"
     )
+
+
+class ReaderPeak(logging.Handler):
+    """What triggers.services logs of each read: the reader child's peak RSS."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.peak = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.peak = getattr(record, "reader_peak_rss", self.peak)
+
+
+def worker_memory(sizes: list[float]) -> None:
+    """This process plays the worker (services.process, as the Celery task calls it); its peak
+    RSS is reset before each report (/proc/self/clear_refs), the child's comes from wait4."""
+    from django.conf import settings
+    from django.contrib.auth.models import User
+    from django.core.files.base import ContentFile
+    from django.core.files.storage import storages
+
+    from triggers import services
+    from triggers.ingest import body_name
+    from triggers.models import Event, Trigger
+    from triggers.parsing import PSYCH_REPORT
+
+    handler = ReaderPeak()
+    logger = logging.getLogger("triggers.services")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    trigger = Trigger.create_with_token(owner=User.objects.create_user("memory"), name="memory")[0]
+    per_resource = len(big_report(100)) / 100
+    print(
+        "worker memory against body size (EVENTS_READ_MEMORY_BYTES "
+        f"{settings.EVENTS_READ_MEMORY_BYTES // 2**20} MB; the door takes at most "
+        f"{settings.EVENTS_MAX_DECOMPRESSED_BYTES / 1e6:.1f} MB):"
+    )
+    for size in sizes:
+        for reader in ("fast path", "reference"):
+            body = big_report(int(size * 1e6 / per_resource), host=f"m{size}-{reader[0]}.example.com")
+            if reader == "reference":
+                body = body.removeprefix(PSYCH_REPORT)  # no Puppet header: the reference reader's
+            sha256 = hashlib.sha256(body).hexdigest()
+            storages["events"].save(body_name(sha256), ContentFile(body))
+            event = Event.objects.create(
+                trigger=trigger, body_format="yaml", body_sha256=sha256, body_size=len(body)
+            )
+            megabytes = len(body) / 1e6
+            del body
+            gc.collect()
+            Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+            before = rss_kb(os.getpid(), "VmRSS")
+            handler.peak = 0
+            started = time.perf_counter()
+            services.process(str(event.pk))
+            seconds = time.perf_counter() - started
+            worker_peak = rss_kb(os.getpid())
+            event.refresh_from_db()
+            outcome = event.state if event.state != "failed" else f"failed: {event.failure_reason}"
+            print(
+                f"  {megabytes:5.1f} MB, {reader:9}: worker {before / 1024:.0f} MB before, peak "
+                f"{worker_peak / 1024:.0f} MB; reader child peak {handler.peak / 2**20:.0f} MB "
+                f"({(handler.peak / 1024 - before) / 1024:+.0f} MB over the worker); "
+                f"{seconds:.1f} s; {outcome}"
+            )
 
 
 if __name__ == "__main__":

@@ -204,7 +204,8 @@ def base_env() -> dict[str, str]:
             generated_secret(VAR_DIR / "token_peppers", lambda: f"1={secrets.token_urlsafe(48)}")
         )
     if "RELAY_DEPLOYMENT_ID" not in env:
-        # Stable across restarts: it tags this checkout's Vault secrets (relay.vault).
+        # Stable across restarts: it tags this checkout's Vault secrets (relay.vault) and
+        # names its broker namespace (relay/settings.py), apart from other checkouts'.
         path = generated_secret(VAR_DIR / "deployment_id", lambda: f"local-{secrets.token_hex(6)}")
         env["RELAY_DEPLOYMENT_ID"] = path.read_text().strip()
     return env

@@ -218,8 +218,9 @@ VAULT_CACERT = env.str("VAULT_CACERT", default="")
 VAULT_NAMESPACE = env.str("VAULT_NAMESPACE", default="")
 VAULT_TIMEOUT = env.float("VAULT_TIMEOUT", default=5.0)
 # This deployment's name where deployments may share infrastructure (staging beside production):
-# its Vault secrets are tagged with it, and the reconciler deletes only orphans so tagged.
-# Empty: the reconciler deletes nothing. `make run` generates one into var/deployment_id.
+# its Vault secrets are tagged with it, and the reconciler deletes only orphans so tagged;
+# its broker keys are prefixed with it (below). Empty: the reconciler deletes nothing.
+# `make run` generates one into var/deployment_id.
 RELAY_DEPLOYMENT_ID = env.str("RELAY_DEPLOYMENT_ID", default="")
 if RELAY_DEPLOYMENT_ID and not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", RELAY_DEPLOYMENT_ID):
     raise ImproperlyConfigured("RELAY_DEPLOYMENT_ID is 1-64 letters, digits, '.', '_' or '-'.")
@@ -239,6 +240,10 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         # kombu puts the pidbox exchange files in ./control unless told otherwise.
         "control_folder": str(_queue_dir / "control"),
     }
+elif RELAY_DEPLOYMENT_ID:
+    # Every key (queues, unacked messages, bindings, control channels) under the deployment's
+    # id: deployments sharing a Redis never take each other's tasks.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": f"{RELAY_DEPLOYMENT_ID}:"}
 CELERY_TASK_IGNORE_RESULT = True
 # A request that queues work must not hang on a dead broker: give up fast; the periodic
 # sweepers send what was not queued.
@@ -291,9 +296,17 @@ RUNS_NOTIFY_CHANNEL = "relay_runs"
 API_MAX_BODY_BYTES = env.int("API_MAX_BODY_BYTES", default=2 * 1024 * 1024)
 
 # Push triggers (/api/events). Sizes in bytes.
-EVENTS_MAX_BODY_BYTES = env.int("EVENTS_MAX_BODY_BYTES", default=64 * 1024 * 1024)
-EVENTS_MAX_DECOMPRESSED_BYTES = env.int("EVENTS_MAX_DECOMPRESSED_BYTES", default=256 * 1024 * 1024)
+EVENTS_MAX_BODY_BYTES = env.int("EVENTS_MAX_BODY_BYTES", default=32 * 1024 * 1024)
+EVENTS_MAX_DECOMPRESSED_BYTES = env.int("EVENTS_MAX_DECOMPRESSED_BYTES", default=32 * 1024 * 1024)
 EVENTS_MAX_GZIP_RATIO = env.int("EVENTS_MAX_GZIP_RATIO", default=100)
+# What reading one report (a child process of the worker) may take: memory beyond the
+# worker's own, and seconds. More ends the event `failed`; the worker is not touched. A
+# report costs the reference reader about 30 times its size (the fast path 11-17; README
+# "Performance"), so by default the largest body the door takes can be read.
+EVENTS_READ_MEMORY_BYTES = env.int("EVENTS_READ_MEMORY_BYTES", default=40 * EVENTS_MAX_DECOMPRESSED_BYTES)
+EVENTS_READ_TIMEOUT = env.float("EVENTS_READ_TIMEOUT", default=60.0)
+# Attempts at reading an event (a worker lost mid-read counts) before it ends `failed`.
+EVENTS_MAX_ATTEMPTS = env.int("EVENTS_MAX_ATTEMPTS", default=5)
 EVENTS_STUCK_AFTER = env.int("EVENTS_STUCK_AFTER", default=120)  # seconds in `received`
 # Events older than this many days are deleted with their stored objects; 0 keeps them forever.
 EVENTS_RETENTION_DAYS = env.int("EVENTS_RETENTION_DAYS", default=30)
@@ -301,13 +314,18 @@ EVENTS_RETENTION_DAYS = env.int("EVENTS_RETENTION_DAYS", default=30)
 # in README "Push triggers": 5,000 agents reporting every 30 minutes fit with room to spare.
 EVENTS_RATE_LIMIT_PER_MINUTE = env.int("EVENTS_RATE_LIMIT_PER_MINUTE", default=600)
 EVENTS_RATE_LIMIT_BYTES_PER_HOUR = env.int("EVENTS_RATE_LIMIT_BYTES_PER_HOUR", default=8 * 1024**3)
+if EVENTS_STUCK_AFTER <= EVENTS_READ_TIMEOUT:
+    # The sweeper would send again an event that is still being read.
+    raise ImproperlyConfigured("EVENTS_STUCK_AFTER must be longer than EVENTS_READ_TIMEOUT.")
 # Where users reach this service, for links in notifications.
 RELAY_PUBLIC_URL = env.str("RELAY_PUBLIC_URL", default="http://127.0.0.1:8000").rstrip("/")
 SLACK_TIMEOUT = env.float("SLACK_TIMEOUT", default=10.0)
 # Hosts a Slack webhook URL may name (https only). The connection is refused anyway when the
 # name resolves to a loopback, private, link-local, multicast or reserved address.
 SLACK_WEBHOOK_HOSTS = [
-    host.lower().rstrip(".") for host in env.list("SLACK_WEBHOOK_HOSTS", default=["hooks.slack.com"])
+    host.strip().lower().rstrip(".")
+    for host in env.list("SLACK_WEBHOOK_HOSTS", default=["hooks.slack.com"])
+    if host.strip()
 ]
 # For tests only, and deliberately not read from the environment, so that no deployment can
 # turn them on by accident: tests/test_events_slack.py lets the Slack stand-in on loopback be

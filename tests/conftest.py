@@ -67,6 +67,21 @@ def stop_runs_listener(django_db_setup, django_db_blocker) -> Iterator[None]:
         )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def broker_namespace_cleared() -> Iterator[None]:
+    """Tests that post events queue tasks no worker takes: the session's broker namespace
+    (tests/settings.py) goes at the end, not left behind in the shared Redis db."""
+    yield
+    import redis
+
+    from tests.events_helpers import clear_queues
+
+    try:
+        clear_queues(redis.Redis.from_url(settings.CELERY_BROKER_URL))
+    except redis.RedisError:
+        pass  # no Redis: nothing was queued
+
+
 @pytest.fixture(autouse=True)
 def use_session_vault(bao: BaoDevServer) -> Iterator[BaoDevServer]:
     saved = (settings.VAULT_ADDR, settings.VAULT_TOKEN, settings.VAULT_ROLE_ID, settings.VAULT_SECRET_ID)

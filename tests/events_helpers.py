@@ -1,11 +1,19 @@
 import base64
 import gzip
+import os
+import signal
 import subprocess
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+from django.conf import settings
+from django.db import connection
 from django.test import Client
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "public-reports"
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures" / "public-reports"
 EVENTS = "/api/events"
 
 
@@ -138,3 +146,83 @@ def stored_report(workdir: Path) -> bytes:
     """The report a `puppet_apply(..., "--reports=store", f"--reportdir={workdir}/reports")` kept."""
     [report] = list((workdir / "reports").rglob("*.yaml"))
     return report.read_bytes()
+
+
+class Worker:
+    """`celery worker` in its own process, on the tests' Redis db (and broker namespace) and
+    the test database. `pool` "solo" runs tasks in the worker process itself (so `kill()`
+    kills the task mid-way); "prefork" runs them in a child, as production does. `env`
+    adds to the environment (another RELAY_DEPLOYMENT_ID, EVENTS_MAX_ATTEMPTS, ...); the
+    worker's log goes to `log` when given."""
+
+    def __init__(
+        self, pool: str = "solo", env: dict[str, str] | None = None, log: Path | None = None
+    ) -> None:
+        db = connection.settings_dict
+        self.log = log
+        out = open(log, "ab") if log else subprocess.DEVNULL
+        self.process = subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "celery"),
+                "-A",
+                "relay",
+                "worker",
+                "--pool",
+                pool,
+                *(["--concurrency", "1"] if pool == "prefork" else []),
+                "--without-heartbeat",
+                "--without-gossip",
+                "--without-mingle",
+                "--loglevel",
+                "WARNING",
+            ],
+            cwd=ROOT,
+            env={
+                **os.environ,
+                "DJANGO_SETTINGS_MODULE": "tests.settings",
+                "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+                **(env or {}),
+            },
+            stdout=out,
+            stderr=out,
+        )
+        if log:
+            out.close()
+
+    def logged(self) -> str:
+        return self.log.read_text(errors="replace") if self.log else ""
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def wait_until(check: Callable[[], bool], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError("timed out")
+
+
+def queue_key(queue: str = "celery") -> str:
+    """The Redis key of a Celery queue in this test session's broker namespace."""
+    return settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("global_keyprefix", "") + queue
+
+
+def clear_queues(client, prefix: str | None = None) -> None:
+    """Drop every key of this session's broker namespace (not other sessions' on the same db),
+    or of the namespace `prefix`."""
+    if prefix is None:
+        prefix = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("global_keyprefix", "")
+    for key in client.scan_iter(match=f"{prefix}*"):
+        client.delete(key)

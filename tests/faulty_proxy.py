@@ -1,7 +1,9 @@
 """An HTTP proxy of the tests' own between the bridge and the service, which fails chosen
 requests in chosen ways: a 5xx, a 200 with garbage, or a dropped connection before or
-after the service has seen the request."""
+after the service has seen the request. It can also play a service that is not to be
+trusted: `extra_runs` are added to every list of runs it passes on."""
 
+import json
 import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -17,6 +19,7 @@ class FaultyProxy:
         # (method, path, body, fault), each used once, first match first
         self.rules: list[tuple[str, re.Pattern[str], re.Pattern[str], str]] = []
         self.log: list[tuple[str, str, str]] = []  # (method, path, what happened)
+        self.extra_runs: list[dict] = []  # listed with the service's own runs
         self.lock = threading.Lock()
         proxy = self
 
@@ -37,12 +40,20 @@ class FaultyProxy:
                 headers = {
                     k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")
                 }
+                path = self.path
+                extra = proxy.extra_runs and self.command == "GET" and re.search(r"/_puppet/runs(\?|$)", path)
+                if extra:  # a service with runs pending answers a long-poll at once
+                    path = re.sub(r"([?&])wait=\d+&?", r"\1", path)
                 answer = requests.request(
-                    self.command, proxy.upstream + self.path, data=body, headers=headers, timeout=90
+                    self.command, proxy.upstream + path, data=body, headers=headers, timeout=90
                 )
                 if fault == "drop-after":  # the service acted; its answer is lost
                     return self._drop()
-                self._send(answer.status_code, answer.content, answer.headers.get("Content-Type", ""))
+                content = answer.content
+                if extra:
+                    listing = answer.json()
+                    content = json.dumps({**listing, "runs": proxy.extra_runs + listing["runs"]}).encode()
+                self._send(answer.status_code, content, answer.headers.get("Content-Type", ""))
 
             def _send(self, status: int, data: bytes, content_type: str) -> None:
                 self.send_response(status)

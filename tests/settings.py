@@ -1,6 +1,7 @@
 """The small test override of relay.settings: production-like (DEBUG off), real Postgres."""
 
 import os
+import secrets
 import tempfile
 from pathlib import Path
 
@@ -13,7 +14,9 @@ for name in ("SECURE_SSL_REDIRECT", "SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE
 # In os.environ, so that worker processes the tests start share them.
 os.environ.setdefault("EVENTS_STORAGE_LOCATION", tempfile.mkdtemp(prefix="relay-events-"))
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")  # the tests' own Redis db
-os.environ.setdefault("RELAY_DEPLOYMENT_ID", "tests")  # the tag of the tests' Vault secrets
+# A deployment id of this test session's own: it tags the tests' Vault secrets, and test runs
+# sharing the broker's Redis db take only their own tasks.
+os.environ.setdefault("RELAY_DEPLOYMENT_ID", f"test-{secrets.token_hex(6)}")
 os.environ.setdefault("REDIS_URL", os.environ["CELERY_BROKER_URL"])  # rate limits' counters too
 # conftest.py points these at the OpenBao dev server the test session starts.
 os.environ.setdefault("VAULT_ADDR", "http://127.0.0.1:1")

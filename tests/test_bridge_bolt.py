@@ -139,13 +139,20 @@ def test_a_missing_bolt_is_a_run_error(tmp_path, puppet):
     [
         ({"type": "run", "scope": {"query": "nodes {}"}}, "not scope `query`"),
         ({"type": "plan-run", "name": "deploy", "params": {}}, "cannot do plan-runs"),
-        ({"type": "run", "scope": {"nodes": ["--inventoryfile=/etc/x"]}}, "starts with '-'"),
+        ({"type": "run", "scope": {"nodes": ["--inventoryfile=/etc/x"]}}, "not a valid certname"),
+        # --targets reads a file for `@…`, and takes URIs: `local://` would run here, as root.
+        ({"type": "run", "scope": {"nodes": ["@/etc/relay/targets"]}}, "not a valid certname"),
+        ({"type": "run", "scope": {"nodes": ["local://localhost"]}}, "not a valid certname"),
+        ({"type": "run", "scope": {"nodes": ["web*"]}}, "not a valid certname"),
+        ({"type": "run", "scope": {"nodes": ["a,b"]}}, "not a valid certname"),
+        ({"type": "run", "scope": {"nodes": ["a"]}, "environment": "--x"}, "not a valid environment name"),
     ],
 )
-def test_what_bolt_cannot_do_is_a_run_error(tmp_path, run, message):
+def test_what_bolt_cannot_do_is_a_run_error(tmp_path, run, message, bolt_log):
     backend = BoltBackend({"bolt_path": STANDIN})
     with pytest.raises(RunError, match=message):
-        backend.start({"id": "x", **run}, tmp_path)
+        backend.start({"id": "x", **run}, tmp_path / "work")
+    assert not bolt_log.exists() and not (tmp_path / "work").exists()  # Bolt never started
 
 
 def test_bolt_in_path_is_the_backend_when_none_is_configured(tmp_path):

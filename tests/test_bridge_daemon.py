@@ -293,6 +293,8 @@ def test_the_systemd_units_name_this_installation_and_pass_systemd_s_checks(tmp_
     poll = (tmp_path / "relay-bridge-poll.service").read_text()
     assert f"ExecStart={RELAY_BRIDGE} --config /etc/relay/bridge.yaml poll --once" in poll
     assert "KillMode=process" in poll  # or systemd kills the forked workers with the oneshot
+    for unit in ("relay-bridge-poll.service", "relay-bridge.service"):
+        assert "StateDirectoryMode=0700" in (tmp_path / unit).read_text()  # systemd's default is 0755
     assert "OnUnitActiveSec=30s" in (tmp_path / "relay-bridge-poll.timer").read_text()
     assert (
         f"ExecStart={RELAY_BRIDGE} --config /etc/relay/bridge.yaml serve"

@@ -155,6 +155,41 @@ def test_an_orchestrator_4xx_completes_the_run_error_with_its_kind_and_msg(
     assert msg in run.run_results["result"]["msg"]
 
 
+@pytest.mark.parametrize(
+    ("fields", "msg"),
+    [
+        (
+            {"scope": {"nodes": ["web1", "-oX=y"]}},
+            "The run names a node that is not a valid certname: '-oX=y'.",
+        ),
+        ({"scope": {"nodes": ["Web1"]}}, "The run names a node that is not a valid certname: 'Web1'."),
+        ({"scope": {"nodes": "web1"}}, "The run names no nodes."),
+        (
+            {"type": "task-run", "name": "package", "params": {}, "targets": ["a", "@t"]},
+            "The run names a target that is not a valid certname: '@t'.",
+        ),
+        (
+            {"scope": {"nodes": ["web1"]}, "environment": "production\nx"},
+            "The run's environment is not a valid environment name: 'production\\nx'.",
+        ),
+    ],
+)
+def test_node_names_and_environments_the_service_would_refuse_never_reach_pe(
+    pe, relay, tmp_path, fields, msg
+):
+    """Written straight into the database (the API refuses them), as a rogue service lists them."""
+    inserted = Run.objects.create(connection=PuppetConnection.objects.get(), **fields)
+    run = relay.get_run(str(inserted.id))
+    RunWorker(relay, backend_for(pe), run, tmp_path / "state", heartbeat=0.05).work()
+    inserted.refresh_from_db()
+    assert (inserted.status, inserted.outcome) == ("complete", "error")
+    assert (
+        "not a valid" in inserted.run_results["result"]["msg"]
+        or "names no" in inserted.run_results["result"]["msg"]
+    )
+    assert [r for r in pe.seen if r["method"] == "POST"] == []
+
+
 def test_a_wrong_rbac_token_is_an_error_with_rbac_s_kind(pe, relay, tmp_path):
     run = work(relay, backend_for(pe, token="expired-token"), tmp_path)
     assert run.outcome == "error"

@@ -79,20 +79,16 @@ def test_a_node_whose_key_is_not_accepted_fails(sshd, tmp_path):
     assert "Permission denied" in results["a"]["output"]
 
 
-def test_a_node_name_that_ssh_would_read_as_an_option_is_refused(sshd, tmp_path):
-    marker = tmp_path / "pwned"
-    evil = f"-oProxyCommand=touch {marker}"
-    backend = backend_for(sshd, {"good": {}})
-    outcome, results = finish(backend.start(run_on([evil, "good"]), tmp_path))
-    assert outcome == "failed"
-    assert results[evil] == {
-        "name": evil,
-        "state": "failed",
-        "duration": 0,
-        "meaning": "not a valid host name",
-    }
-    assert results["good"]["state"] == "finished"
-    assert not marker.exists()
+@pytest.mark.parametrize("evil", ["-oProxyCommand=touch {marker}", "Good", "good\n", "user@good", "good:22"])
+def test_a_node_name_that_is_not_a_certname_is_refused_before_anything_runs(sshd, tmp_path, evil):
+    """As strict as the service (its certname rule): never an option ssh would read, nor a
+    user@host or host:port the workflow could slip in."""
+    marker, calls = tmp_path / "pwned", tmp_path / "calls"
+    evil = evil.format(marker=marker)
+    backend = backend_for(sshd, {"good": {"FAKE_PUPPET_LOG": str(calls)}})
+    with pytest.raises(RunError, match="not a valid certname"):
+        backend.start(run_on(["good", evil]), tmp_path / "work")
+    assert not marker.exists() and not calls.exists() and not (tmp_path / "work").exists()
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,10 @@
 bridge between the step's polls; the step's clock is a fake one that the test moves."""
 
 import json
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
@@ -11,7 +14,9 @@ from relay_bridge.step import Clock, main
 
 from puppet_connection.models import PuppetConnection
 from runs.models import Run
+from tests.bridge_helpers import wait_for
 
+STEP = str(Path(sys.executable).parent / "relay-puppet-run")
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -31,17 +36,19 @@ class FakeClock(Clock):
 
 
 @pytest.fixture
-def service(live_server):
+def service(live_server, monkeypatch):
     owner = User.objects.create_user("ops")
     _, token = PuppetConnection.create_with_token(owner=owner, name="prod")
     bridge = RelayClient(live_server.url, str(token), platform="oss", backend="ssh", attempts=1)
+    monkeypatch.delenv("RELAY_CONNECTION_TOKEN_FILE", raising=False)
+    monkeypatch.setenv("RELAY_CONNECTION_TOKEN", str(token))  # never on the command line
     yield live_server.url, str(token), bridge
     bridge.close()
 
 
 def step(service, clock, *args):
-    url, token, _ = service
-    return main(["--api-url", url, "--token", token, "--poll-interval", "5", *args], clock=clock)
+    url, _, _ = service
+    return main(["--api-url", url, "--poll-interval", "5", *args], clock=clock)
 
 
 def the_run() -> Run:
@@ -185,3 +192,59 @@ def test_the_bridge_s_platform_reaches_the_connection(service):
     bridge.list_runs()
     connection = PuppetConnection.objects.get()
     assert (connection.platform, connection.bridge_backend) == ("oss", "ssh")
+
+
+def test_the_token_is_not_in_the_step_s_command_line(service, tmp_path):
+    """`ps` shows every user each process's argv: the step's token comes from its environment."""
+    url, token, bridge = service
+    waiting = subprocess.Popen(
+        [STEP, "--api-url", url, "--nodes", "node-a", "--poll-interval", "0.2", "--accept-timeout", "60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        run = wait_for(lambda: Run.objects.first(), 30, "the step to create its run")
+        argv = Path(f"/proc/{waiting.pid}/cmdline").read_bytes()
+        assert b"--nodes\0node-a" in argv  # it is the step's
+        assert token.encode() not in argv
+        bridge.accept(str(run.id))
+        bridge.put_state(str(run.id), {"status": "complete", "outcome": "finished"})
+        out, err = waiting.communicate(timeout=30)
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 0, err
+    assert json.loads(out)["outcome"] == "finished"
+
+
+def test_a_token_on_the_command_line_is_refused_saying_how_to_give_it(service, capsys):
+    url, token, _ = service
+    assert main(["--api-url", url, "--token", token, "--nodes", "node-a"]) == 2
+    err = capsys.readouterr().err
+    assert "RELAY_CONNECTION_TOKEN" in err and "--token-file" in err
+    assert token not in err
+    assert not Run.objects.exists()
+
+
+@pytest.mark.parametrize("source", ["file", "spec"])
+def test_the_token_comes_from_a_file_or_the_spec_s_resolved_connection(
+    service, tmp_path, monkeypatch, source
+):
+    """A `!Connection {type: puppet}` resolves to `{relayAPIURL, token}` in the step's spec."""
+    url, token, bridge = service
+    monkeypatch.delenv("RELAY_CONNECTION_TOKEN")
+    spec = tmp_path / "spec.json"
+    args = ["--spec", str(spec)]
+    if source == "file":
+        (tmp_path / "token").write_text(token + "\n")
+        spec.write_text(json.dumps({"nodes": ["node-a"]}))
+        args += ["--api-url", url, "--token-file", str(tmp_path / "token")]
+    else:
+        spec.write_text(json.dumps({"nodes": ["node-a"], "connection": {"relayAPIURL": url, "token": token}}))
+
+    def finish():
+        bridge.accept(str(the_run().id))
+        bridge.put_state(str(the_run().id), {"status": "complete", "outcome": "finished"})
+
+    assert main([*args, "--poll-interval", "5"], clock=FakeClock([finish])) == 0
+    assert the_run().scope == {"nodes": ["node-a"]}

@@ -179,3 +179,13 @@ def test_a_deeply_nested_json_body_is_still_a_202_at_the_door(trigger):
     _, token = trigger
     body = b'{"host": "deep", "x": ' + b"[" * 100000 + b"]" * 100000 + b"}"
     assert post(token, body, "application/json").status_code == 202
+
+
+def test_a_nul_in_a_push_key_or_run_id_is_202_and_kept_as_the_worker_keeps_it(trigger):
+    _, token = trigger
+    body = b'{"data": {"host": "h", "transaction_uuid": "run\\u0000x"}, "key": "a\\u0000b"}'
+    response = post(token, body, "application/json")
+    assert response.status_code == 202
+    event = Event.objects.get(pk=response.json()["id"])
+    assert (event.key, event.transaction_uuid) == ("a\ufffdb", "run\ufffdx")
+    assert post(token, body + b" ", "application/json").json()["id"] == str(event.pk)

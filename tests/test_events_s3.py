@@ -53,6 +53,7 @@ def s3(settings, monkeypatch, moto_server):
             },
         },
     }
+    client.server = moto_server
     return client
 
 
@@ -129,3 +130,17 @@ def test_a_delete_while_s3_is_down_is_done_and_the_sweep_deletes_the_objects_lat
     assert delete_released_objects() == 4
     assert stored_keys(s3) == set()
     assert ReleasedObject.objects.count() == 0
+
+
+def test_an_s3_outage_is_retried_not_a_failed_event(alice, s3):
+    _, token = Trigger.create_with_token(owner=alice, name="t")
+    event_id = post(str(token), REPORT).json()["id"]
+    s3.server.stop()  # S3 is down when the worker reads the body
+    with pytest.raises(services.StorageUnavailable):
+        services.process(event_id)
+    event = Event.objects.get(pk=event_id)
+    assert (event.state, event.attempts) == ("received", 0)  # not read: no attempt counted
+    assert event.failure_reason.startswith("The events storage could not read the body (")
+    s3.server.start()
+    services.process(event_id)
+    assert Event.objects.get(pk=event_id).state == "matched"

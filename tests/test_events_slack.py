@@ -1,11 +1,14 @@
 import ipaddress
 import socket
+import subprocess
+import sys
 
 import pytest
 
 from relay import egress
 from relay.celery import app
 from tests.events_helpers import big_report, fixture, post
+from tests.settings import outside_env
 from tests.slack_standin import SlackStandIn
 from tests.test_connection_api import assert_problem
 from triggers import services
@@ -303,3 +306,27 @@ def test_a_report_cannot_mention_everyone_or_inject_links(
     # The one link is the service's own.
     assert text.count("<") == 1 and f"<{settings.RELAY_PUBLIC_URL}/api/triggers/" in text
     assert "link_names" not in message["json"]  # plain @channel stays text
+
+
+def test_the_hosts_come_from_the_environment_and_the_test_allowances_cannot():
+    """SLACK_WEBHOOK_HOSTS is a comma list; the loopback and CA allowances of the tests are
+    not read from the environment, so no deployment turns them on by mistake."""
+    show = (
+        "from django.conf import settings as s;"
+        " print(s.SLACK_WEBHOOK_HOSTS, s.SLACK_WEBHOOK_ALLOW_LOOPBACK, s.SLACK_CA_BUNDLE)"
+    )
+    env = outside_env(
+        DJANGO_SETTINGS_MODULE="relay.settings",
+        DEBUG="true",
+        SLACK_WEBHOOK_HOSTS=" Hooks.Slack.com. , chat.example.com,",
+        SLACK_WEBHOOK_ALLOW_LOOPBACK="true",
+        SLACK_CA_BUNDLE="/tmp/evil-ca.pem",
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", f"import django; django.setup(); {show}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert result.stdout.strip() == "['hooks.slack.com', 'chat.example.com'] False None"

@@ -6,9 +6,10 @@ import pytest
 from django.core.files.storage import storages
 from django.utils import timezone
 
-from tests.events_helpers import FIXTURES, fixture, post
+from tests.events_helpers import FIXTURES, big_report, fixture, post
 from triggers import services
 from triggers.models import Event, Trigger
+from triggers.parsing import PSYCH_REPORT
 from triggers.tasks import requeue_received_before
 
 PUPPET_8 = fixture("puppet-8.4-jacobbrewer1-puppet-summary-example.yaml")
@@ -280,3 +281,101 @@ def test_the_sweeper_requeues_events_stuck_in_received(make_trigger, settings):
         assert Event.objects.get(pk=stuck).state == "matched"
     finally:
         app.conf.task_always_eager = False
+
+
+def shaped(**resource) -> bytes:
+    """A report whose one resource status has the fields given."""
+    report = {"host": "h.example.com", "status": "changed", "resource_statuses": {"File[/a]": resource}}
+    return json.dumps(report).encode()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        shaped(changed=True, events=5),
+        shaped(changed=True, tags=1.5),
+        shaped(changed=True, containment_path=True),
+        json.dumps({"data": json.loads(shaped(change_count=1, events=7)), "key": "k"}).encode(),
+    ],
+)
+def test_a_report_of_an_unexpected_shape_fails_with_a_reason(make_trigger, body):
+    _, token = make_trigger()
+    event = ingest(token, body, "application/json")
+    assert (event.state, event.attempts) == ("failed", 1)
+    assert event.failure_reason.startswith("The report could not be read: TypeError: ")
+    assert ingest(token, PUPPET_8).state == "matched"
+
+
+def test_what_the_database_cannot_store_does_not_keep_an_event_received(make_trigger):
+    _, token = make_trigger()
+    body = (
+        b'{"host": "web\\u0000one", "status": "changed", "key_metric": Infinity,'
+        b' "metrics": {"time": {"values": [["total", "Total", Infinity]]}}}'
+    )
+    event = ingest(token, body, "application/json")
+    assert event.state == "matched"
+    assert event.host == "web\ufffdone" and event.summary["metrics"]["time"] == {"total": None}
+
+
+def test_a_task_for_an_event_this_database_lacks_is_logged(db, caplog):
+    unknown = "6b7a1c3e-0000-4000-8000-00000000dead"
+    services.process(unknown)
+    [record] = [r for r in caplog.records if unknown in r.getMessage()]
+    assert record.levelname == "WARNING" and "not in this database" in record.getMessage()
+
+
+def test_a_report_that_needs_more_memory_than_allowed_fails(make_trigger, settings):
+    settings.EVENTS_READ_MEMORY_BYTES = 64 * 2**20
+    _, token = make_trigger()
+    body = big_report(3000).removeprefix(PSYCH_REPORT)  # 4 MB for the reference reader: ~130 MB
+    event = ingest(token, body)
+    assert event.state == "failed"
+    assert event.failure_reason == "Reading it takes more than 64 MB (EVENTS_READ_MEMORY_BYTES)."
+    assert ingest(token, PUPPET_8).state == "matched"
+
+
+def test_a_read_that_takes_too_long_fails(make_trigger, settings):
+    settings.EVENTS_READ_TIMEOUT = 0.5
+    _, token = make_trigger()
+    event = ingest(token, big_report(3000).removeprefix(PSYCH_REPORT))  # seconds to read
+    assert event.state == "failed"
+    assert event.failure_reason == "Reading it took more than 0.5 s (EVENTS_READ_TIMEOUT); not read."
+
+
+def test_the_sweeper_gives_up_on_an_event_out_of_attempts(make_trigger, settings):
+    settings.EVENTS_MAX_ATTEMPTS = 3
+    _, token = make_trigger()
+    lost = post(token, PUPPET_8).json()["id"]
+    Event.objects.filter(pk=lost).update(attempts=3)
+    stalled = post(token, b"host: h\nstatus: changed\n").json()["id"]
+    Event.objects.filter(pk=stalled).update(
+        attempts=3, failure_reason="The events storage could not store a part"
+    )
+    assert requeue_received_before(timezone.now()) == 0
+    assert Event.objects.get(pk=lost).failure_reason == "gave up after 3 attempts: worker lost"
+    assert Event.objects.get(pk=stalled).failure_reason == (
+        "gave up after 3 attempts: The events storage could not store a part"
+    )
+    assert {e.state for e in Event.objects.all()} == {"failed"}
+
+
+def test_a_worker_gives_up_on_an_event_out_of_attempts(make_trigger, settings):
+    settings.EVENTS_MAX_ATTEMPTS = 2
+    _, token = make_trigger()
+    event_id = post(token, PUPPET_8).json()["id"]
+    Event.objects.filter(pk=event_id).update(attempts=2)
+    services.process(event_id)
+    event = Event.objects.get(pk=event_id)
+    assert (event.state, event.attempts, event.failure_reason) == (
+        "failed",
+        2,
+        "gave up after 2 attempts: worker lost",
+    )
+
+
+def test_the_sweeper_leaves_an_event_being_read_alone(make_trigger):
+    _, token = make_trigger()
+    event_id = post(token, PUPPET_8).json()["id"]
+    an_hour_ago = timezone.now() - timezone.timedelta(hours=1)
+    Event.objects.filter(pk=event_id).update(received_at=an_hour_ago, attempts=1, attempted_at=timezone.now())
+    assert requeue_received_before(timezone.now() - timezone.timedelta(minutes=2)) == 0

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import hvac
 import pytest
+import redis
 import requests
 
 from tests.bao import free_port
@@ -129,6 +130,14 @@ def test_make_run_starts_everything_keeps_secrets_across_restarts_and_stops_clea
         ):
             assert stat.S_IMODE((var / name).stat().st_mode) == 0o600, name
         assert (var / "relay.sqlite3").exists()  # SQLite under var/ by default
+        # Its broker keys are under a deployment id of its own, kept in var/: two checkouts
+        # sharing a Redis do not take each other's tasks.
+        deployment = (var / "deployment_id").read_text().strip()
+        broker = redis.Redis.from_url("redis://127.0.0.1:6379/0")
+        deadline = time.monotonic() + 60
+        while not broker.keys(f"{deployment}:_kombu.binding.celery") and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert broker.keys(f"{deployment}:_kombu.binding.celery"), "".join(service.output)
 
         service.manage(
             "shell", "-c", "from django.contrib.auth.models import User; User.objects.create_user('ops')"
@@ -206,5 +215,6 @@ def test_make_run_starts_everything_keeps_secrets_across_restarts_and_stops_clea
             raise_on_deleted_version=True,
         )
         assert secret["data"]["data"] == {"token": token}
+        assert (var / "deployment_id").read_text().strip() == deployment  # the same across restarts
     finally:
         assert service.interrupt() == 0

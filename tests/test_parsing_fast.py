@@ -3,6 +3,7 @@ the reference reader (PyYAML's CSafeLoader with tags stripped, then plain()) doe
 does take Puppet's own reports."""
 
 import shutil
+import time
 
 import pytest
 
@@ -147,3 +148,12 @@ def test_values_that_only_begin_like_numbers_or_dates_do_not_decline():
 
 def test_a_document_without_puppet_s_header_is_the_reference_s():
     assert load_yaml_fast(b"host: a\nstatus: changed\n") is None
+
+
+@pytest.mark.parametrize("value", [b"1" + b"_1" * 16000 + b"x", b"1." + b"1_" * 16000 + b"x"])
+def test_the_fast_path_s_scans_take_linear_time(value):
+    # Both once backtracked quadratically: 22 s for the first, 32 KB; a hang at 200 KB.
+    data = PSYCH_REPORT + b"host: x\nv: " + value + b"\n"
+    started = time.monotonic()
+    assert read_yaml(data, BUDGET) == reference(data)
+    assert time.monotonic() - started < 1

@@ -287,7 +287,7 @@ def test_the_readme_s_policy_is_enough_for_everything_the_service_does(
     conn.regenerate_token()
     trigger, _ = Trigger.create_with_token(owner=alice, name="prod")
     trigger.set_slack_webhook("https://hooks.slack.com/services/T000/B000/XXXXXXXX")
-    assert deployment_tag(bao, trigger.vault_path) == {"relay_deployment": "tests"}
+    assert deployment_tag(bao, trigger.vault_path) == {"relay_deployment": settings.RELAY_DEPLOYMENT_ID}
     Trigger.objects.filter(pk=trigger.pk).delete()  # its secret left for the reconciler
     assert delete_orphan_secrets(timezone.now() + timedelta(minutes=11)) >= 1
     assert bao.read(trigger.vault_path) is None

@@ -27,6 +27,7 @@ from relay.api.params import is_whole_number
 from triggers import objects, ratelimit
 from triggers.models import BodyFormat, Event, EventState, Trigger
 from triggers.objects import body_name
+from triggers.parsing import without_nul
 
 log = logging.getLogger(__name__)
 CHUNK = 64 * 1024
@@ -177,7 +178,8 @@ def peek(spool: BinaryIO, fmt: str, size: int) -> tuple[str, str]:
         else:
             report, key = document, None
         uuid = report.get("transaction_uuid")
-        return (uuid[:64] if isinstance(uuid, str) else ""), (
+        # As the worker will store them (no NUL: PostgreSQL refuses it).
+        return without_nul(uuid[:64] if isinstance(uuid, str) else ""), without_nul(
             str(key)[:255] if isinstance(key, str | int) else ""
         )
     head = spool.read(PEEK_BYTES)

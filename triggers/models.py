@@ -1,9 +1,11 @@
 """Push triggers and the events (Puppet reports) they receive at /api/events."""
 
 import uuid
+from typing import Any
 
 from django.conf import settings
 from django.db import models, transaction
+from django.db.models import F
 from django.db.models.fields.json import KeyTransform
 from django.utils import timezone
 
@@ -87,7 +89,7 @@ class EventState(models.TextChoices):
     MATCHED = "matched"
     FILTERED = "filtered"
     DUPLICATE = "duplicate"  # same transaction_uuid or key as an earlier event
-    FAILED = "failed"  # could not be read: see failure_reason
+    FAILED = "failed"  # could not be read, or given up on: see failure_reason
 
 
 DONE_STATES = (EventState.MATCHED, EventState.FILTERED, EventState.DUPLICATE, EventState.FAILED)
@@ -127,7 +129,10 @@ class Event(models.Model):
     body_format = models.CharField(max_length=8, choices=BodyFormat.choices)
     body_sha256 = models.CharField(max_length=64)
     body_size = models.BigIntegerField()
+    # Attempts at reading it, counted as each begins (so a worker lost mid-read counts), and
+    # when the last began: the sweeper leaves an event alone while it is being read.
     attempts = models.PositiveIntegerField(default=0)
+    attempted_at = models.DateTimeField(null=True, blank=True)
 
     key = models.CharField(max_length=255, blank=True)
     transaction_uuid = models.CharField(max_length=64, blank=True)
@@ -135,6 +140,8 @@ class Event(models.Model):
     status = models.CharField(max_length=32, blank=True)
     summary = models.JSONField(null=True, blank=True)
     parts = models.JSONField(default=dict, blank=True)
+    # Why it failed; while `received`, why the last attempt did not finish (storage or
+    # database unavailable), "" when it was lost with its worker.
     failure_reason = models.TextField(blank=True)
     # Why the trigger's filters dropped the report, or which filter could not judge it.
     filter_note = models.TextField(blank=True)
@@ -200,3 +207,42 @@ class ReleasedObject(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    # Each transition below is from `received` only, with a compare-and-set: when nothing
+    # was updated, another delivery of the same task got there first, and this one stops.
+
+    def start_attempt(self) -> bool:
+        """Count an attempt before reading begins, in its own commit: a read that takes the
+        worker down still counts."""
+        now = timezone.now()
+        started = (
+            type(self)
+            .objects.filter(pk=self.pk, state=EventState.RECEIVED)
+            .update(attempts=F("attempts") + 1, attempted_at=now, failure_reason="")
+        )
+        if started:
+            self.attempts, self.attempted_at, self.failure_reason = self.attempts + 1, now, ""
+        return bool(started)
+
+    def note_error(self, error: str) -> None:
+        """Why this attempt did not finish (it will be retried)."""
+        type(self).objects.filter(pk=self.pk, state=EventState.RECEIVED).update(failure_reason=error[:2000])
+
+    def finish(self, state: str, **fields: Any) -> bool:
+        """Read: matched, filtered, duplicate, or failed (with `failure_reason`)."""
+        return bool(
+            type(self)
+            .objects.filter(pk=self.pk, state=EventState.RECEIVED)
+            .update(state=state, processed_at=timezone.now(), **fields)
+        )
+
+    def fail(self, reason: str) -> bool:
+        return self.finish(EventState.FAILED, failure_reason=reason[:2000])
+
+    def give_up(self) -> bool:
+        """Failed for good after EVENTS_MAX_ATTEMPTS attempts, with the last one's error."""
+        return self.fail(f"gave up after {self.attempts} attempts: {self.failure_reason or 'worker lost'}")
+
+    @property
+    def out_of_attempts(self) -> bool:
+        return self.attempts >= settings.EVENTS_MAX_ATTEMPTS

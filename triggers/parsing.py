@@ -5,11 +5,14 @@ other) is dropped and its node read as the plain mapping, sequence or string it 
 timestamps become ISO-8601 UTC strings, the same form `canonical_time` gives quoted ones.
 Aliases are not copied when loading (PyYAML shares the object), so a billion-laughs document
 loads cheaply; `plain()` then walks the result with a node budget and a depth limit, and
-stops such a document fast with a clear reason.
+stops such a document fast with a clear reason. Nesting is bounded before any reader builds
+a node (see `_check_depth`). The worker calls these in a child process with limits
+(triggers/reader.py), which bounds what no check here can: memory, time, a reader's crash.
 """
 
 import gc
 import json
+import math
 import re
 from datetime import UTC, datetime
 from typing import Any
@@ -100,15 +103,36 @@ def _text(data: bytes) -> str:
         ) from None
 
 
+_OPENS = (yaml.SequenceStartEvent, yaml.MappingStartEvent)
+_CLOSES = (yaml.SequenceEndEvent, yaml.MappingEndEvent)
+
+
+def _check_depth(text: str) -> None:
+    """libyaml parses without recursion, but PyYAML's composer, which builds the nodes from
+    libyaml's events, recurses in C once per level without any limit: some 50,000 `[` or `- `
+    (100 KB) overflow the stack and kill the process outright, no RecursionError. So the
+    events are counted first, and a document nested deeper than plain() would accept stops
+    here, before a node is built. About 9 MB/s, on the reference path only (the fast path's
+    rapidyaml parses without recursion, and its emitter refuses more than 64 levels)."""
+    depth = 0
+    for event in yaml.parse(text, Loader=ReportLoader):
+        kind = type(event)
+        if kind in _OPENS:
+            depth += 1
+            if depth > MAX_DEPTH + 1:
+                raise UnreadableReport(f"The YAML is nested deeper than {MAX_DEPTH} levels; not read.")
+        elif kind in _CLOSES:
+            depth -= 1
+
+
 def load_yaml(data: bytes) -> Any:
     """The reference reader: PyYAML's CSafeLoader with every tag stripped."""
     text = _text(data)
     try:
+        _check_depth(text)
         return yaml.load(text, Loader=ReportLoader)  # noqa: S506 - ReportLoader builds plain data only
     except RecursionError:
-        raise UnreadableReport(
-            f"The YAML is nested deeper than this reader allows ({MAX_DEPTH} levels)."
-        ) from None
+        raise UnreadableReport(f"The YAML is nested deeper than {MAX_DEPTH} levels; not read.") from None
     except yaml.YAMLError as exc:
         raise UnreadableReport(f"The YAML cannot be read: {_first_line(exc)}") from None
 
@@ -118,9 +142,7 @@ def load_json(data: bytes) -> Any:
     try:
         return json.loads(text)
     except RecursionError:
-        raise UnreadableReport(
-            f"The JSON is nested deeper than this reader allows ({MAX_DEPTH} levels)."
-        ) from None
+        raise UnreadableReport(f"The JSON is nested deeper than {MAX_DEPTH} levels; not read.") from None
     except ValueError as exc:
         raise UnreadableReport(f"The JSON cannot be read: {exc}") from None
 
@@ -151,11 +173,23 @@ def plain(document: Any, budget: int) -> Any:
             return canonical_time(value)
         if isinstance(value, bytes):
             return value.decode("utf-8", "replace")
-        if isinstance(value, float) and value != value:  # NaN is not JSON
+        if isinstance(value, float) and not math.isfinite(value):  # NaN and infinities are not JSON
             return None
         return value
 
     return walk(document, 0)
+
+
+def without_nul(value: Any) -> Any:
+    """PostgreSQL keeps no NUL in text or jsonb: what goes into the database (a summary, a
+    key) has U+FFFD instead. (The stored parts are files, and keep the report as it was.)"""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {without_nul(k): without_nul(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_nul(v) for v in value]
+    return value
 
 
 def _key(key: Any) -> str:
@@ -190,14 +224,17 @@ DEEP = "\n" + " " * (2 * (MAX_DEPTH + 1))  # ryml indents its JSON two spaces a 
 # times. (Exponents without a sign are caught by _float.) A scalar is only typed when all of
 # it matches, so each pattern ends where the scalar ends: a UUID starting `0b` is a string.
 # Quoted scalars are not told apart: a false alarm only costs the slower reader.
+# No two repeats next to each other take the same characters (`[0-9]+_[0-9_]*`, not
+# `[0-9][0-9_]*_[0-9_]*`): the scans stay linear, where the latter took 22 s on a 32 KB
+# `1_1_1…x`.
 _WORDS = rb"[Yy]es|YES|[Nn]o|NO|[Oo]n|ON|[Oo]ff|OFF|True|TRUE|False|FALSE|Null|NULL|~"
 _INT = (
-    rb"[-+]?0[0-7_]+|[-+]?0x[0-9a-fA-F_]+|[-+]?0b[01_]+|\+[0-9][0-9_]*|[-+]?[0-9][0-9_]*_[0-9_]*"
+    rb"[-+]?0[0-7_]+|[-+]?0x[0-9a-fA-F_]+|[-+]?0b[01_]+|\+[0-9][0-9_]*|[-+]?[0-9]+_[0-9_]*"
     rb"|[-+]?[1-9][0-9_]*(?::[0-5]?[0-9])+"
 )
 _FLOAT = (
     rb"[-+]?\.[0-9_]+(?:[eE][-+][0-9]+)?|[-+]?[0-9][0-9_]*\.(?:[eE][-+][0-9]+)?"
-    rb"|[-+]?[0-9_]*_[0-9_]*\.[0-9_]*(?:[eE][-+][0-9]+)?|[-+]?[0-9][0-9_]*\.[0-9_]*_[0-9_]*(?:[eE][-+][0-9]+)?"
+    rb"|[-+]?[0-9]*_[0-9_]*\.[0-9_]*(?:[eE][-+][0-9]+)?|[-+]?[0-9][0-9_]*\.[0-9]*_[0-9_]*(?:[eE][-+][0-9]+)?"
     rb"|\+[0-9][0-9_]*\.[0-9_]*(?:[eE][-+][0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)"
     rb"|[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*"
 )

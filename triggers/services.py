@@ -1,81 +1,150 @@
 """The worker's side of an event: read it, summarise it, offload its large parts, filter it."""
 
-import hashlib
-import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.core.files.base import ContentFile
-from django.core.files.storage import storages
-from django.db import IntegrityError, transaction
+from django.core.files import File
+from django.core.files.storage import Storage, storages
+from django.db import DatabaseError, DataError, IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from triggers import objects, parsing, slack
-from triggers.models import BodyFormat, Event, EventState
+from triggers import objects, reader, slack
+from triggers.models import Event, EventState
 from triggers.objects import body_name, part_name
-from triggers.reports import analyse, events_of, logs_of
 
 log = logging.getLogger(__name__)
 
 
-def read(event: Event, data: bytes) -> Any:
-    """The document as plain data, or UnreadableReport."""
-    # A node needs a few bytes of text, unless aliases multiply it: anything far beyond is a bomb.
-    budget = 1_000_000 + len(data) // 2
-    if event.body_format == BodyFormat.YAML:
-        return parsing.read_yaml(data, budget)
-    return parsing.plain(parsing.load_json(data), budget)
+class StorageUnavailable(Exception):
+    """The events storage did not answer as it should (a later try may succeed). The message,
+    shown on the event, names no path or bucket; the log has the backend's error."""
 
 
-def offload(value: Any) -> dict[str, Any]:
-    """Store a part as JSON under its SHA-256; returns {name, size, sha256}."""
-    data = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
-    sha256 = hashlib.sha256(data).hexdigest()
-    name = part_name(sha256)
-    storage = storages["events"]
-    if not storage.exists(name):
-        storage.save(name, ContentFile(data))
-    return {"name": name, "size": len(data), "sha256": sha256}
+@contextmanager
+def _storage(what: str) -> Iterator[Storage]:
+    # Whatever the backend raises (OSError from files, botocore's errors from S3) is an
+    # outage to retry, never a reason to fail the event.
+    try:
+        yield storages["events"]
+    except Exception as exc:
+        log.warning("the events storage could not %s: %s", what, exc)
+        raise StorageUnavailable(f"The events storage could not {what} ({type(exc).__name__}).") from exc
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Storage or database unavailable: worth another try. Data the database refuses is not."""
+    if isinstance(exc, StorageUnavailable | objects.Vanished):
+        return True
+    return isinstance(exc, DatabaseError) and not isinstance(exc, DataError | IntegrityError)
 
 
 def process(event_id: str) -> None:
     """Idempotent: an event that is not `received` any more is left as it is. Storage and
-    database errors propagate (the task retries); an unreadable document fails the event."""
-    event = Event.objects.select_related("trigger").filter(pk=event_id, state=EventState.RECEIVED).first()
+    database unavailability propagate (the task retries); anything else ends the event
+    `failed` with the reason, and so does an event out of attempts (EVENTS_MAX_ATTEMPTS)."""
+    event = Event.objects.select_related("trigger").filter(pk=event_id).first()
     if event is None:
+        log.warning(
+            "event %s is not in this database, dropped: a task of another deployment on the "
+            "same broker? Give each deployment its own RELAY_DEPLOYMENT_ID.",
+            event_id,
+        )
         return
-    Event.objects.filter(pk=event.pk).update(attempts=event.attempts + 1)
-    with storages["events"].open(body_name(event.body_sha256), "rb") as body:
-        data = body.read()
+    if event.state != EventState.RECEIVED:
+        return
+    if event.out_of_attempts:
+        if event.give_up():
+            log.warning("event %s failed: gave up after %d attempts", event.pk, event.attempts)
+        return
     try:
-        analysed = analyse(read(event, data))
-    except parsing.UnreadableReport as exc:
-        _finish(event, EventState.FAILED, failure_reason=str(exc))
-        log.info("event %s failed: %s", event.pk, exc)
-        return
+        _process(event)
+    except Exception as exc:
+        if is_transient(exc):
+            _note(event, exc)
+            raise
+        log.exception("event %s failed", event.pk)
+        with transaction.atomic():
+            event.fail(f"The report could not be processed: {type(exc).__name__}: {exc}"[:1000])
 
-    # Large parts go to storage now, before the event points at them.
-    parts = {
-        "report": offload(analysed.report),
-        "logs": offload(logs_of(analysed.report)),
-        "events": offload(events_of(analysed.report)),
-    }
+
+def _note(event: Event, exc: BaseException) -> None:
+    error = (
+        str(exc) if isinstance(exc, StorageUnavailable) else f"The database failed ({type(exc).__name__})."
+    )
+    try:
+        event.note_error(error)
+    except DatabaseError:
+        pass  # the database is what is down
+
+
+def _process(event: Event) -> None:
+    with _storage("read the body") as storage:
+        body = storage.open(body_name(event.body_sha256), "rb")
+        try:
+            body.fileno()  # S3: downloaded now, where its errors are storage errors
+        except BaseException:
+            body.close()
+            raise
+    with body:
+        if not event.start_attempt():
+            return  # another delivery has finished it meanwhile
+        try:
+            read = reader.read(body, event.body_format, event.trigger.filters())
+        except reader.Failed as exc:
+            _log_read(event, exc.seconds, exc.peak_rss, f"failed: {exc}")
+            if exc.detail:
+                log.warning("event %s: the reader raised\n%s", event.pk, exc.detail)
+            event.fail(str(exc))
+            return
+    try:
+        _log_read(event, read.seconds, read.peak_rss, "read")
+        # Large parts go to storage now, before the event points at them.
+        parts = {name: _offload(part) for name, part in read.parts.items()}
+    finally:
+        read.close()
+    _record(event, read, parts)
+
+
+def _log_read(event: Event, seconds: float, peak_rss: int, outcome: str) -> None:
+    log.info(
+        "event %s: %s (%.2f s; the reader's peak RSS %d MB)",
+        event.pk,
+        outcome,
+        seconds,
+        peak_rss // 2**20,
+        extra={"reader_peak_rss": peak_rss},
+    )
+
+
+def _offload(part: reader.Part) -> dict[str, Any]:
+    """Store a part (JSON) under its SHA-256; returns {name, size, sha256}."""
+    name = part_name(part.sha256)
+    with _storage("store a part") as storage:
+        if not storage.exists(name):
+            storage.save(name, File(part.file, name=name))
+    return {"name": name, "size": part.size, "sha256": part.sha256}
+
+
+def _record(event: Event, read: reader.Read, parts: dict[str, Any]) -> None:
     trigger = event.trigger
-    matched, filter_note = trigger.filters().verdict(analysed.summary, analysed.resources)
-    state = EventState.MATCHED if matched else EventState.FILTERED
+    summary = read.summary
+    state = EventState.MATCHED if read.matched else EventState.FILTERED
     send_message = state == EventState.MATCHED and trigger.has_slack_webhook
     found = {
         "notification": "pending" if send_message else "",
-        "filter_note": filter_note,
-        "summary": analysed.summary,
+        "filter_note": read.filter_note,
+        "summary": summary,
         "parts": parts,
-        "host": analysed.summary["host"][:255],
-        "status": analysed.summary["status"],
-        "transaction_uuid": str(analysed.summary.get("transaction_uuid") or "")[:64],
-        "key": analysed.key,
+        "host": summary["host"][:255],
+        "status": summary["status"],
+        "transaction_uuid": str(summary.get("transaction_uuid") or "")[:64],
+        "key": read.key,
+        "failure_reason": "",
     }
     try:
         with transaction.atomic():
@@ -88,25 +157,9 @@ def process(event_id: str) -> None:
         _finish(event, EventState.DUPLICATE, duplicate_of=original, **{**found, "notification": ""})
 
 
-def _original(event: Event, transaction_uuid: str, key: str) -> Event | None:
-    same = Q(transaction_uuid=transaction_uuid) if transaction_uuid else Q()
-    if key:
-        same = same | Q(key=key) if transaction_uuid else Q(key=key)
-    return (
-        Event.objects.filter(same, trigger=event.trigger, state__in=(EventState.MATCHED, EventState.FILTERED))
-        .exclude(pk=event.pk)
-        .first()
-    )
-
-
 def _finish(event: Event, state: str, **fields: Any) -> bool:
-    # Only from `received`: a second delivery of the same task changes nothing.
     with transaction.atomic():
-        finished = bool(
-            Event.objects.filter(pk=event.pk, state=EventState.RECEIVED).update(
-                state=state, processed_at=timezone.now(), **fields
-            )
-        )
+        finished = event.finish(state, **fields)
         # The parts were saved (or found) before this transaction: claim them in it (see
         # triggers.objects). Update first, claim second: a delete of this event locks its row
         # before it releases names, so waiting for that lock while holding no claim cannot
@@ -118,6 +171,17 @@ def _finish(event: Event, state: str, **fields: Any) -> bool:
             # Deleted (or finished by another delivery) meanwhile: the parts may be no one's.
             objects.release(names)
     return finished
+
+
+def _original(event: Event, transaction_uuid: str, key: str) -> Event | None:
+    same = Q(transaction_uuid=transaction_uuid) if transaction_uuid else Q()
+    if key:
+        same = same | Q(key=key) if transaction_uuid else Q(key=key)
+    return (
+        Event.objects.filter(same, trigger=event.trigger, state__in=(EventState.MATCHED, EventState.FILTERED))
+        .exclude(pk=event.pk)
+        .first()
+    )
 
 
 def _queue_notification(event_id: object) -> None:

@@ -3,7 +3,7 @@ from datetime import timedelta
 
 from celery import shared_task
 from django.conf import settings
-from django.db import DatabaseError
+from django.db.models import Q
 from django.utils import timezone
 
 from relay import vault
@@ -17,13 +17,17 @@ log = logging.getLogger(__name__)
 def process_event(self: object, event_id: str) -> None:
     """Read, summarise, offload and filter one event (triggers.services.process).
 
-    Takes the event id, never the body. Retry policy: storage and database errors are
-    transient and retried after 2, 4, 8 … seconds (at most 5 minutes apart, 8 times); after
-    that the event stays `received` and requeue_stuck_events sends it again. An unreadable
-    document is no error of the worker: the event ends `failed` with the reason."""
+    Takes the event id, never the body. Retry policy: storage and database unavailability
+    is retried after 2, 4, 8 … seconds (at most 5 minutes apart, 8 times); after that the
+    event stays `received` and requeue_stuck_events sends it again. Every attempt at reading
+    counts (one whose worker is lost too), and after EVENTS_MAX_ATTEMPTS the event ends
+    `failed`. Anything else is no error of the worker: the event ends `failed` with the
+    reason (the document is read in a child process, so no document takes the worker down)."""
     try:
         services.process(event_id)
-    except (OSError, DatabaseError) as exc:
+    except Exception as exc:
+        if not services.is_transient(exc):
+            raise
         log.warning("event %s: %s; retrying", event_id, exc)
         raise self.retry(exc=exc, countdown=min(2 ** (self.request.retries + 1), 300)) from exc
 
@@ -46,16 +50,27 @@ def notify_slack(self: object, event_id: str) -> None:
 @shared_task(acks_late=True)
 def requeue_stuck_events() -> int:
     """Send again the events still `received` after EVENTS_STUCK_AFTER seconds: a lost broker
-    message, a dead worker or a broker that was down when the event came in loses nothing."""
+    message, a dead worker or a broker that was down when the event came in loses nothing.
+    (EVENTS_STUCK_AFTER must be longer than a read may take, EVENTS_READ_TIMEOUT.)"""
     return requeue_received_before(timezone.now() - timedelta(seconds=settings.EVENTS_STUCK_AFTER))
 
 
 def requeue_received_before(moment: object) -> int:
-    ids = list(
+    """Events received before `moment` and not being read since (an attempt that began after
+    it may still be under way): those out of attempts end `failed`, the others are sent again."""
+    stuck = (
         Event.objects.filter(state=EventState.RECEIVED, received_at__lt=moment)
+        .filter(Q(attempted_at__isnull=True) | Q(attempted_at__lt=moment))
         .order_by("received_at")
-        .values_list("pk", flat=True)[:1000]
+        .only("pk", "attempts", "failure_reason")[:1000]
     )
+    ids = []
+    for event in stuck:
+        if event.out_of_attempts:
+            if event.give_up():
+                log.warning("event %s failed: gave up after %d attempts", event.pk, event.attempts)
+            continue
+        ids.append(event.pk)
     for event_id in ids:
         process_event.delay(str(event_id))
     # Notifications whose task was lost (broker down when the event was read).

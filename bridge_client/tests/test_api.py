@@ -1,5 +1,6 @@
 """The client's retry policy, against a local HTTP server that answers as scripted."""
 
+import base64
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -8,6 +9,7 @@ import pytest
 from relay_bridge.api import ApiError, RelayClient
 
 TOKEN = "rlyp_" + "a" * 61
+R1, R2 = "00000000-0000-4000-8000-000000000001", "00000000-0000-4000-8000-000000000002"
 
 
 class Scripted:
@@ -86,8 +88,8 @@ def test_every_call_says_who_it_is(client, server):
 
 
 def test_5xx_and_dropped_connections_are_retried_with_capped_jittered_backoff(client, server, sleeps):
-    server.answers = [(503, {}), "drop", (500, {}), (200, {"runs": [{"id": "r1"}]})]
-    assert client.list_runs() == [{"id": "r1"}]
+    server.answers = [(503, {}), "drop", (500, {}), (200, {"runs": [{"id": R1}]})]
+    assert client.list_runs() == [{"id": R1}]
     assert len(server.seen) == 4 and len(sleeps) == 3
     for attempt, slept in enumerate(sleeps, start=1):
         assert 0 <= slept <= min(1.5, 0.5 * 2**attempt)
@@ -96,7 +98,7 @@ def test_5xx_and_dropped_connections_are_retried_with_capped_jittered_backoff(cl
 def test_it_gives_up_after_its_attempts(client, server, sleeps):
     server.answers = [(502, {})] * 4
     with pytest.raises(ApiError) as caught:
-        client.get_run("r1")
+        client.get_run(R1)
     assert caught.value.status == 0 and "gave up after 4 tries" in str(caught.value)
 
 
@@ -117,8 +119,46 @@ def test_a_run_is_never_created_twice_by_a_resend(client, server):
 
 def test_accept_keeps_its_lease_across_retries_and_409_means_someone_else(client, server):
     server.answers = ["drop", (202, {"lease_id": "L"})]
-    assert client.accept("r1") == "L"
+    assert client.accept(R1) == "L"
     first, second = server.seen
     assert first["body"]["lease_id"] == second["body"]["lease_id"]  # a lost answer is not a lost race
     server.answers = [(409, {"detail": "accepted already"})]
-    assert client.accept("r2") is None
+    assert client.accept(R2) is None
+
+
+def test_a_listed_run_whose_id_is_not_a_uuid_is_refused_with_a_log_line(client, server, caplog):
+    """Its id would become a directory (`/etc`, `../..`) and a URL path: it never gets that far."""
+    bad = ["/etc", "../../tmp/x", R1 + "/../x", "6F9619FF-8B86-D011-B42D-00C04FC964FF", "", None, 7]
+    server.answers = [(200, {"runs": [*({"id": b} for b in bad), "not a run", {"id": R1}]})]
+    assert client.list_runs() == [{"id": R1}]
+    refused = [r for r in caplog.records if r.getMessage() == "refusing a listed run: its id is not a UUID"]
+    assert [r.fields["id"] for r in refused] == [repr(b) for b in bad]
+    caplog.clear()
+    server.answers = [(200, {"runs": [{"id": "/etc"}, {"id": "/var"}]})]
+    assert client.list_runs() == []
+    assert [r.fields["id"] for r in caplog.records] == ["'/var'"]  # each refused id is logged once
+
+
+@pytest.mark.parametrize("call", ["accept", "put_state", "get_run", "cancel"])
+def test_no_request_is_built_from_a_run_id_that_is_not_a_uuid(client, server, call):
+    method = getattr(client, call)
+    with pytest.raises(ApiError, match="not a UUID"):
+        method("../../api/connections", {}) if call == "put_state" else method("../../api/connections")
+    assert server.seen == []
+
+
+def test_the_configured_proxy_carries_every_call_whatever_the_environment_says(server, monkeypatch):
+    """requests lets http_proxy in the environment win over a session's proxies: the module's
+    proxy_host must not lose to it. Here `server` is the proxy, and the service is not even
+    resolvable: only a proxy can answer."""
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setenv("no_proxy", "")
+    proxy = server.url.replace("http://", "http://relay:p%40ss%3Aw%2Frd@")
+    api = RelayClient("http://relay.invalid/", TOKEN, proxy_url=proxy, attempts=1)
+    try:
+        assert api.list_runs(status="pending") == []
+    finally:
+        api.close()
+    [call] = server.seen
+    assert call["path"] == "http://relay.invalid/_puppet/runs?status=pending"  # the proxy's absolute form
+    assert call["headers"]["Proxy-Authorization"] == "Basic " + base64.b64encode(b"relay:p@ss:w/rd").decode()

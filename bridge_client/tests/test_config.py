@@ -1,9 +1,27 @@
 from pathlib import Path
 
 import pytest
+from relay_bridge import config
+from relay_bridge.backends import make
+from relay_bridge.backends.bolt import BoltBackend
+from relay_bridge.backends.orchestrator import OrchestratorBackend
+from relay_bridge.backends.ssh import SshBackend
 from relay_bridge.config import ConfigError, load
 
 TOKEN = "rlyp_" + "a" * 61
+# relay.yaml files as puppetlabs-relay 2.5.1 renders them: its templates/settings.yaml.epp,
+# through `puppet apply` (Puppet 7) with stdlib's to_yaml, byte for byte. The placeholders
+# are replaced by the tests.
+MODULE = Path(__file__).parent / "fixtures" / "module-relay-yaml"
+
+
+def module_yaml(tmp_path: Path, name: str, **replace: str) -> Path:
+    text = (MODULE / f"{name}.yaml").read_text().replace("rlyp_CONNECTIONTOKENPLACEHOLDER", TOKEN)
+    for old, new in replace.items():
+        text = text.replace(old, new)
+    path = tmp_path / "relay.yaml"
+    path.write_text(text)
+    return path
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -33,6 +51,108 @@ state_dir: {tmp_path}/state
     assert config.proxy_url == "http://proxy.example.com:3128"
     assert config.state_dir == tmp_path / "state"
     assert TOKEN not in repr(config)
+
+
+def test_a_relay_yaml_the_module_rendered_for_bolt_is_taken_unchanged(tmp_path):
+    settings = load(module_yaml(tmp_path, "bolt"), environ={})
+    assert settings.relay_api_url == "http://relay.invalid:8000/" and settings.relay_connection_token == TOKEN
+    assert settings.debug is True and settings.backend == "bolt"
+    # The proxy's password, `@`, `:` and `/` in it, stays inside the URL's user part.
+    assert settings.proxy_url == "http://relay:pr0xy%20p%40ss%3Aw%2Frd%25@127.0.0.1:3128"
+    text = repr(settings)
+    assert "rlyt_" not in text and "pr0xy" not in text and "b0lt" not in text and TOKEN not in text
+    bolt = BoltBackend(settings.options("bolt"))
+    assert bolt.bolt == ["/opt/puppetlabs/bin/bolt"]
+    assert bolt.inventory() == {
+        "version": 2,
+        "config": {
+            "ssh": {"user": "relay-automation", "password": "b0lt p@ss:w/rd", "host-key-check": False}
+        },
+    }
+
+
+def test_a_relay_yaml_the_module_rendered_for_pe_is_taken_unchanged(tmp_path):
+    settings = load(module_yaml(tmp_path, "orchestrator"), environ={})
+    assert settings.backend == "orchestrator" and settings.debug is False and settings.proxy_url is None
+    cacert = tmp_path / "ca.pem"  # the module reads Puppet's CA from Puppet's settings; so do we
+    cacert.write_text("")
+    orchestrator = OrchestratorBackend({**settings.options("orchestrator"), "cacert": str(cacert)})
+    assert orchestrator.api_url == "https://pe.invalid:8143/orchestrator/v1"
+    assert orchestrator.session.headers["X-Authentication"] == "RBACTOKENPLACEHOLDER"
+
+
+# Every key of the module's settings (lib/puppet_x/relay/util/settings.rb, DEFAULTS), as a
+# hand-written relay.yaml may hold them all, whichever backend it picks.
+EVERY_MODULE_KEY = f"""
+debug: false
+test: true
+relay_api_url: https://relay.example.com/
+relay_connection_token: {TOKEN}
+relay_trigger_token: rlyt_x
+state_dir: {{state_dir}}
+backend: {{backend}}
+backend_orchestrator_api_url: https://pe.example.com:8143/orchestrator/v1/
+backend_orchestrator_token: rbac
+backend_bolt_command: [bolt]
+backend_bolt_ssh_user: root
+backend_bolt_ssh_password: secret
+backend_bolt_ssh_host_key_check: true
+backend_ssh_command: [ssh]
+proxy_host: proxy.example.com
+proxy_port: 3128
+proxy_user: relay
+proxy_password: secret
+"""
+
+
+@pytest.mark.parametrize("backend", ["orchestrator", "bolt", "ssh"])
+def test_every_key_the_module_knows_is_taken(tmp_path, backend):
+    path = write(tmp_path, EVERY_MODULE_KEY.format(state_dir=tmp_path / "state", backend=backend))
+    (tmp_path / "ca.pem").write_text("")
+    settings = load(path, environ={"RELAY_BACKEND_ORCHESTRATOR_CACERT": str(tmp_path / "ca.pem")})
+    assert (settings.backend, settings.state_dir) == (backend, tmp_path / "state")
+    assert make(settings, which=lambda name: None, pe=False).name == backend
+
+
+def test_the_module_s_names_for_the_ssh_and_bolt_commands(tmp_path):
+    ssh = SshBackend({"command": ["/usr/bin/ssh", "-F", "/etc/relay/ssh_config"]})
+    assert ssh.ssh_argv("web1", "true")[:4] == ["/usr/bin/ssh", "-F", "/etc/relay/ssh_config", "-T"]
+    assert ssh.ssh_argv("web1", "true")[-3:] == ["--", "web1", "true"]
+    assert BoltBackend({"command": ["sudo", "-u", "bolt", "bolt"]}).bolt == ["sudo", "-u", "bolt", "bolt"]
+    assert BoltBackend({"command": "/opt/bolt/bin/bolt"}).bolt == ["/opt/bolt/bin/bolt"]
+    for options, key in (
+        ({"command": ["ssh"], "openssh_client_path": "ssh"}, "backend_ssh_command"),
+        ({"command": []}, "backend_ssh_command"),
+    ):
+        with pytest.raises(ConfigError) as caught:
+            SshBackend(options)
+        assert caught.value.key == key
+    with pytest.raises(ConfigError) as caught:
+        BoltBackend({"ssh_user": "a", "user": "b"})
+    assert caught.value.key == "backend_bolt_ssh_user"
+
+
+def test_without_a_bridge_yaml_the_module_s_relay_yaml_is_read(tmp_path, monkeypatch):
+    monkeypatch.setattr(config, "DEFAULT_PATH", tmp_path / "no-bridge.yaml")
+    relay_yaml = module_yaml(tmp_path, "bolt")
+    settings = load(environ={"RELAY_MODULE_CONFIG": str(relay_yaml)})
+    assert (settings.source, settings.backend) == (relay_yaml, "bolt")
+    bridge_yaml = write(tmp_path, f"relay_api_url: https://bridge.example\nrelay_connection_token: {TOKEN}\n")
+    monkeypatch.setattr(config, "DEFAULT_PATH", bridge_yaml)
+    assert load(environ={"RELAY_MODULE_CONFIG": str(relay_yaml)}).source == bridge_yaml  # ours comes first
+
+
+def test_a_configuration_file_named_but_missing_is_an_error(tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        load(tmp_path / "typo.yaml", environ={})
+    assert caught.value.key == str(tmp_path / "typo.yaml")
+    with pytest.raises(ConfigError):
+        load(environ={"RELAY_CONFIG": str(tmp_path / "typo.yaml")})
+
+
+def test_the_module_s_file_keys_are_not_read_from_the_environment(tmp_path):
+    path = write(tmp_path, f"relay_api_url: https://a.example.com\nrelay_connection_token: {TOKEN}\n")
+    assert load(path, environ={"RELAY_DEBUG": "yes", "RELAY_TEST": "whatever"}).debug is False
 
 
 def test_environment_then_flags_override_the_file(tmp_path):
@@ -75,6 +195,10 @@ def test_the_token_can_come_from_a_file(tmp_path):
         ),
         ("relay_api_url: https://x\nrelay_connection_token: {token}\nproxy_port: 3128\n", "proxy_host"),
         ("relay_api_url: https://x\nrelay_connection_token: {token}\nrelay_api_ur: typo\n", "relay_api_ur"),
+        ("relay_api_url: https://x\nrelay_connection_token: {token}\nbackend: dummy\n", "backend"),
+        ("relay_api_url: https://x\nrelay_connection_token: {token}\nproxy_host: p\n", "proxy_port"),
+        ("relay_api_url: https://x\nrelay_connection_token: {token}\ndebug: loud\n", "debug"),
+        ("relay_trigger_token: rlyt_x\nrelay_connection_token: {token}\n", "relay_api_url"),
     ],
 )
 def test_invalid_configuration_names_the_key(tmp_path, text, key):

@@ -38,7 +38,28 @@ class StrictBooleanField(serializers.BooleanField):
         return data
 
 
-class JSONObjectField(serializers.JSONField):
+class StoredJSONField(serializers.JSONField):
+    """Any JSON that PostgreSQL can store: its jsonb refuses a NUL character (\\u0000) in any
+    string or key, which would otherwise be a database error when the row is saved."""
+
+    default_error_messages = {"null_character": "Null characters (\\u0000) are not allowed."}
+
+    def to_internal_value(self, data: Any) -> Any:
+        value = super().to_internal_value(data)
+        pending = [value]  # a loop, not recursion: the depth of a document is the client's
+        while pending:
+            item = pending.pop()
+            if isinstance(item, dict):
+                pending.extend(item.keys())
+                pending.extend(item.values())
+            elif isinstance(item, list):
+                pending.extend(item)
+            elif isinstance(item, str) and "\x00" in item:
+                self.fail("null_character")
+        return value
+
+
+class JSONObjectField(StoredJSONField):
     default_error_messages = {"not_an_object": "Must be a JSON object."}
 
     def to_internal_value(self, data: Any) -> Any:

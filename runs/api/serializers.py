@@ -9,10 +9,17 @@ from typing import Any
 from django.conf import settings
 from django.core.validators import RegexValidator
 from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from puppet_connection.models import Platform
-from relay.api.serializers import JSONObjectField, RejectUnknownFields, StrictBooleanField, StrictCharField
+from relay.api.serializers import (
+    JSONObjectField,
+    RejectUnknownFields,
+    StoredJSONField,
+    StrictBooleanField,
+    StrictCharField,
+)
 from runs.models import CLIENT_OUTCOMES, RunType, Status
 
 # Puppet certnames: lowercase letters, digits, '.', '_' and '-'.
@@ -42,6 +49,30 @@ def json_size(value: Any) -> int:
     return len(json.dumps(value, separators=(",", ":")).encode())
 
 
+def _one_of(name: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "properties": {name: schema}, "required": [name], "additionalProperties": False}
+
+
+# The schema says "exactly one of", as validate() does: generated clients and the API fuzz
+# (tests/test_fuzz_api.py) then build scopes that are valid.
+@extend_schema_field(
+    {
+        "oneOf": [
+            _one_of(
+                "nodes",
+                {
+                    "type": "array",
+                    "items": {"type": "string", "pattern": certname.regex.pattern, "maxLength": 255},
+                    "minItems": 1,
+                    "maxItems": settings.RUN_MAX_NODES,
+                },
+            ),
+            _one_of("query", {"type": "string", "minLength": 1, "maxLength": 10000}),
+            _one_of("node_group", {"type": "string", "minLength": 1, "maxLength": 255}),
+            _one_of("application", {"type": "string", "minLength": 1, "maxLength": 255}),
+        ]
+    }
+)
 class ScopeSerializer(RejectUnknownFields, serializers.Serializer):
     nodes = certname_list(required=False)
     query = StrictCharField(max_length=10000, required=False)
@@ -123,7 +154,7 @@ class StateSerializer(serializers.Serializer):
     next_update_before = serializers.DateTimeField(required=False)
     job_id = StrictCharField(max_length=255, required=False, allow_blank=True, allow_null=True)
     outcome = serializers.ChoiceField(choices=CLIENT_OUTCOMES, required=False, allow_null=True)
-    run_results = serializers.JSONField(required=False, allow_null=True)
+    run_results = StoredJSONField(required=False, allow_null=True)
     lease_id = serializers.UUIDField(required=False, allow_null=True)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:

@@ -1,9 +1,9 @@
 import uuid
-from datetime import datetime
 
 from django.conf import settings
 from django.db.models import QuerySet
 from django.http import FileResponse
+from django.utils.dateparse import parse_datetime
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import exceptions, status
 from rest_framework.pagination import Cursor, CursorPagination
@@ -38,13 +38,16 @@ class RunCursorPagination(CursorPagination):
         return min(limit, self.max_page_size) if limit else None
 
     def decode_cursor(self, request: Request) -> Cursor | None:
+        # DRF takes the position in a cursor on trust; a client may send any cursor, and a
+        # position that is no time would reach the query as a 500.
         cursor = super().decode_cursor(request)
-        # The position is compared with created_at: one that is no time would fail in the query.
         if cursor is not None and cursor.position is not None:
             try:
-                datetime.fromisoformat(cursor.position)
-            except ValueError:
-                raise exceptions.NotFound(self.invalid_cursor_message) from None
+                moment = parse_datetime(cursor.position) if len(cursor.position) <= 64 else None
+            except ValueError:  # well formed, but no such time (month 13)
+                moment = None
+            if moment is None or moment.tzinfo is None:
+                raise exceptions.NotFound(self.invalid_cursor_message)
         return cursor
 
     def get_paginated_response(self, data: list) -> Response:

@@ -11,6 +11,7 @@ from relay.api.authentication import TriggerTokenAuthentication
 from relay.api.permissions import IsTrigger, may_for_all
 from relay.api.views import TokenHolderViewSet
 from triggers.api.serializers import (
+    REPORT_STATUSES,
     EventListSerializer,
     EventSerializer,
     TriggerSerializer,
@@ -51,12 +52,21 @@ class EventIngestView(APIView):
         return Response({"id": str(event.id)}, status=status.HTTP_202_ACCEPTED)
 
 
+EVENT_PARTS = ["body", "report", "logs", "events"]
+# The list's filters, and the values each may take (None: any host name).
+EVENT_FILTERS: dict[str, list[str] | None] = {
+    "state": [s.value for s in EventState],
+    "host": None,
+    "status": REPORT_STATUSES,
+}
+
+
 @extend_schema_view(
     list=extend_schema(
         parameters=[
-            OpenApiParameter("state", enum=[s.value for s in EventState]),
+            OpenApiParameter("state", enum=EVENT_FILTERS["state"]),
             OpenApiParameter("host", str),
-            OpenApiParameter("status", enum=["changed", "unchanged", "failed"]),
+            OpenApiParameter("status", enum=EVENT_FILTERS["status"]),
         ]
     )
 )
@@ -88,10 +98,15 @@ class EventViewSet(
         if trigger is None:
             raise exceptions.NotFound("No such trigger.")
         events = Event.objects.filter(trigger=trigger)
-        for field in ("state", "host", "status"):
+        for field, choices in EVENT_FILTERS.items():
             value = self.request.query_params.get(field)
-            if value:
-                events = events.filter(**{field: value})
+            if not value:
+                continue
+            if choices and value not in choices:
+                raise exceptions.ValidationError({field: [f"One of {', '.join(choices)}."]})
+            if "\x00" in value:  # PostgreSQL refuses it in any text, even a query's
+                raise exceptions.ValidationError({field: ["Null characters are not allowed."]})
+            events = events.filter(**{field: value})
         return events
 
     def perform_destroy(self, instance: Event) -> None:
@@ -102,7 +117,10 @@ class EventViewSet(
             )
         instance.delete()
 
-    @extend_schema(responses={(200, "application/octet-stream"): bytes})
+    @extend_schema(
+        parameters=[OpenApiParameter("name", enum=EVENT_PARTS, location=OpenApiParameter.PATH)],
+        responses={(200, "application/octet-stream"): bytes},
+    )
     def part(self, request: Request, trigger_pk: str, pk: str, name: str) -> FileResponse:
         """Download an offloaded part (`report`, `logs`, `events`) or the `body` as received,
         streamed from storage."""

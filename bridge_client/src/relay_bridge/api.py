@@ -14,7 +14,7 @@ from typing import Any
 
 import requests
 
-from relay_bridge import __version__, metrics
+from relay_bridge import __version__, metrics, trust
 from relay_bridge.logs import logger
 
 
@@ -54,10 +54,12 @@ class RelayClient:
             self.session.headers["X-Relay-Platform"] = platform
         if backend:
             self.session.headers["X-Relay-Backend"] = backend
-        if proxy_url:
-            self.session.proxies = {"http": proxy_url, "https": proxy_url}
+        # Given with each request: a session's own proxies lose to http(s)_proxy in the
+        # environment, and the configured proxy must carry every call, as the module's does.
+        self.proxies = {"http": proxy_url, "https": proxy_url} if proxy_url else None
         self.attempts, self.backoff, self.backoff_cap = attempts, backoff, backoff_cap
         self.timeout, self.sleep = timeout, sleep
+        self.refused: set[str] = set()  # listed runs refused and logged already (`serve` lists often)
 
     def __repr__(self) -> str:
         return f"RelayClient({self.base!r})"  # never the token
@@ -94,6 +96,7 @@ class RelayClient:
                     json=body,
                     params=params or None,
                     timeout=timeout or self.timeout,
+                    proxies=self.proxies,
                 )
             except requests.RequestException as exc:
                 metrics.api_error("network")
@@ -101,6 +104,9 @@ class RelayClient:
                 if not resend:
                     break
                 continue
+            logger.debug(
+                "service call", extra={"fields": {"call": f"{method} {path}", "status": answer.status_code}}
+            )
             if answer.status_code >= 500:
                 metrics.api_error("5xx")
                 last = f"{answer.status_code} {answer.text[:200]}"
@@ -127,10 +133,10 @@ class RelayClient:
         return self._call("POST", "runs", spec, resend=False)  # sent twice, it would be two runs
 
     def cancel(self, run_id: str) -> dict[str, Any]:
-        return self._call("POST", f"runs/{run_id}/cancel")
+        return self._call("POST", f"{_run_path(run_id)}/cancel")
 
     def get_run(self, run_id: str) -> dict[str, Any]:
-        return self._call("GET", f"runs/{run_id}")
+        return self._call("GET", _run_path(run_id))
 
     def list_runs(
         self, status: str | None = None, wait: int = 0, attempts: int | None = None
@@ -144,13 +150,27 @@ class RelayClient:
         runs = answer.get("runs")
         if not isinstance(runs, list):
             raise ApiError(0, None, "GET runs: the answer has no list of runs")
-        return [run for run in runs if isinstance(run, dict) and isinstance(run.get("id"), str)]
+        return [run for run in runs if self._run_ok(run)]
+
+    def _run_ok(self, run: Any) -> bool:
+        """A listed run the bridge may work: its id becomes a directory and a URL path, so
+        anything but a UUID (`/etc`, `../..`) is refused here, before it reaches either,
+        and logged the first time this client sees it."""
+        if isinstance(run, dict) and trust.run_id_ok(run.get("id")):
+            return True
+        shown = trust.shown(run.get("id") if isinstance(run, dict) else run)
+        if shown not in self.refused:
+            if len(self.refused) < 1000:  # a service that invents ids must not grow this
+                self.refused.add(shown)
+            why = "its id is not a UUID" if isinstance(run, dict) else "it is not an object"
+            logger.error(f"refusing a listed run: {why}", extra={"fields": {"id": shown}})
+        return False
 
     def accept(self, run_id: str, lease_id: str | None = None) -> str | None:
         """The lease id when this bridge now holds the run; None when another one does."""
         lease_id = lease_id or str(uuid.uuid4())
         try:
-            return self._call("POST", f"runs/{run_id}/accept", {"lease_id": lease_id}).get(
+            return self._call("POST", f"{_run_path(run_id)}/accept", {"lease_id": lease_id}).get(
                 "lease_id", lease_id
             )
         except ApiError as exc:
@@ -167,7 +187,13 @@ class RelayClient:
         timeout: float | None = None,
     ) -> dict[str, Any]:
         body = {**state, "lease_id": lease_id} if lease_id else state
-        return self._call("PUT", f"runs/{run_id}/state", body, timeout=timeout, attempts=attempts)
+        return self._call("PUT", f"{_run_path(run_id)}/state", body, timeout=timeout, attempts=attempts)
+
+
+def _run_path(run_id: str) -> str:
+    if not trust.run_id_ok(run_id):
+        raise ApiError(0, None, f"refusing a run id that is not a UUID: {trust.shown(run_id)}")
+    return f"runs/{run_id}"
 
 
 def _json(answer: requests.Response) -> Any:

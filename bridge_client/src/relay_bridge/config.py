@@ -1,6 +1,12 @@
 """The bridge's configuration: a YAML file whose keys are the Puppet module's `relay.yaml`
 keys, then environment variables (`RELAY_<KEY>` upper-cased), then command-line values.
-Anything invalid raises ConfigError naming the key; the commands exit 2 with it."""
+Anything invalid raises ConfigError naming the key; the commands exit 2 with it.
+
+The file is `--config`, else $RELAY_CONFIG, else /etc/relay/bridge.yaml, else the module's
+own /etc/puppetlabs/puppet/relay.yaml (puppetlabs-relay 2.5.1 writes it): a host that the
+module configured needs no configuration of its own. Every key that module knows means
+what it means there (`lib/puppet_x/relay/util/settings.rb`), so no relay.yaml it renders is
+refused for a key."""
 
 from __future__ import annotations
 
@@ -9,16 +15,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import quote, urlparse
 
 import yaml
 
 DEFAULT_PATH = Path("/etc/relay/bridge.yaml")
+# The module's relay.yaml (`${settings::confdir}/relay.yaml`). $RELAY_MODULE_CONFIG moves it
+# (for tests, or a Puppet with another confdir).
+MODULE_PATH = Path("/etc/puppetlabs/puppet/relay.yaml")
 BACKENDS = ("orchestrator", "bolt", "ssh")
 KNOWN = (
     "relay_api_url",
     "relay_connection_token",
-    "relay_connection_token_file",
+    "relay_connection_token_file",  # ours: the token in a file of its own
+    "relay_trigger_token",  # the module's report processor's; not the bridge's business
+    "debug",
+    "test",
     "backend",
     "proxy_host",
     "proxy_port",
@@ -27,6 +39,10 @@ KNOWN = (
     "state_dir",
     "heartbeat_interval",  # ours, not the module's: seconds between heartbeats (default 15)
 )
+# Keys read from the file only: RELAY_DEBUG or RELAY_TEST in a shell's environment are
+# somebody else's, and a trigger token has no business in the bridge's environment.
+FILE_ONLY = ("relay_trigger_token", "debug", "test")
+TRUE, FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 
 
 class ConfigError(Exception):
@@ -40,10 +56,12 @@ class Config:
     relay_api_url: str
     relay_connection_token: str = field(repr=False)  # never in a repr, a log or a traceback
     backend: str | None  # None: choose as the RFC says (bolt if on PATH, else ssh)
-    backend_options: dict[str, dict[str, Any]]
+    backend_options: dict[str, dict[str, Any]] = field(repr=False)  # RBAC token, Bolt's password
     proxy_url: str | None = field(repr=False)  # may hold the proxy password
     state_dir: Path
     heartbeat_interval: float = 15.0
+    debug: bool = False  # the module's `debug`: log at debug level
+    source: Path | None = None  # the file read, if any
 
     def options(self, backend: str) -> dict[str, Any]:
         return self.backend_options.get(backend, {})
@@ -57,9 +75,27 @@ def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
         key = name.removeprefix("RELAY_").lower()
         if key in ("api_url", "connection_token", "connection_token_file"):
             key = f"relay_{key}"
-        if name.startswith("RELAY_") and (key in KNOWN or key.startswith("backend_")):
+        if (
+            name.startswith("RELAY_")
+            and key not in FILE_ONLY
+            and (key in KNOWN or key.startswith("backend_"))
+        ):
             values[key] = value
     return values
+
+
+def find(path: Path | None, environ: Mapping[str, str]) -> Path | None:
+    """The file to read: one named (--config, RELAY_CONFIG) must exist; else the first of
+    bridge.yaml and the module's relay.yaml that does, or none (environment and flags)."""
+    named = path or (Path(environ["RELAY_CONFIG"]) if environ.get("RELAY_CONFIG") else None)
+    if named:
+        if not named.exists():
+            raise ConfigError(str(named), "does not exist")
+        return named
+    for candidate in (DEFAULT_PATH, Path(environ.get("RELAY_MODULE_CONFIG") or MODULE_PATH)):
+        if candidate.exists():
+            return candidate
+    return None
 
 
 def load(
@@ -68,9 +104,9 @@ def load(
     overrides: Mapping[str, Any] | None = None,
 ) -> Config:
     environ = os.environ if environ is None else environ
-    path = path or Path(environ.get("RELAY_CONFIG", str(DEFAULT_PATH)))
+    path = find(path, environ)
     values: dict[str, Any] = {}
-    if path.exists():
+    if path:
         try:
             loaded = yaml.safe_load(path.read_text()) or {}
         except (OSError, yaml.YAMLError) as exc:
@@ -80,17 +116,36 @@ def load(
         values.update(loaded)
     values.update(_from_env(environ))
     values.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    return _validate(values)
+    return _validate(values, path)
 
 
-def _validate(values: dict[str, Any]) -> Config:
+def boolean(values: Mapping[str, Any], key: str) -> bool:
+    value = values.get(key)
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, str) and value.lower() in TRUE + FALSE:
+        return value.lower() in TRUE
+    raise ConfigError(key, "must be true or false")
+
+
+def _validate(values: dict[str, Any], source: Path | None = None) -> Config:
     for key in values:
         if key not in KNOWN and not key.startswith("backend_"):
             raise ConfigError(key, "is not a configuration key")
+    debug = boolean(values, "debug")
+    # The module's `test` is its agent's one-round foreground mode (`puppet relay --test`),
+    # which the file key does not switch on there either; relay-bridge's is `poll --once`.
+    boolean(values, "test")
 
     url = values.get("relay_api_url")
+    if url is None:
+        raise ConfigError(
+            "relay_api_url",
+            "is not set: the URL of this Relay service (the module's default, "
+            "https://api.relay.sh, is not it)",
+        )
     if not isinstance(url, str) or urlparse(url).scheme not in ("http", "https") or not urlparse(url).netloc:
-        raise ConfigError("relay_api_url", "must be an http(s) URL, e.g. https://api.relay.sh/")
+        raise ConfigError("relay_api_url", "must be an http(s) URL, e.g. https://relay.example.com/")
 
     token = values.get("relay_connection_token")
     token_file = values.get("relay_connection_token_file")
@@ -105,6 +160,12 @@ def _validate(values: dict[str, Any]) -> Config:
         raise ConfigError("relay_connection_token", "must be the connection's token (rlyp_...)")
 
     backend = values.get("backend")
+    if backend == "dummy":
+        raise ConfigError(
+            "backend",
+            "dummy is the module's test backend, which runs no Puppet and reports "
+            f"success; relay-bridge has no such thing: use one of {', '.join(BACKENDS)}",
+        )
     if backend is not None and backend not in BACKENDS:
         raise ConfigError("backend", f"must be one of {', '.join(BACKENDS)}")
 
@@ -116,20 +177,7 @@ def _validate(values: dict[str, Any]) -> Config:
                 raise ConfigError(key, f"must be backend_<{'|'.join(BACKENDS)}>_<option>")
             options.setdefault(name, {})[option] = value
 
-    proxy_url = None
-    if values.get("proxy_host"):
-        port = values.get("proxy_port", 3128)
-        try:
-            port = int(port)
-        except (TypeError, ValueError):
-            raise ConfigError("proxy_port", "must be a port number") from None
-        if not 0 < port < 65536:
-            raise ConfigError("proxy_port", "must be a port number")
-        user, password = values.get("proxy_user"), values.get("proxy_password")
-        credentials = f"{user}:{password}@" if user else ""
-        proxy_url = f"http://{credentials}{values['proxy_host']}:{port}"
-    elif values.get("proxy_port") or values.get("proxy_user"):
-        raise ConfigError("proxy_host", "is needed with proxy_port or proxy_user")
+    proxy_url = _proxy_url(values)
 
     try:
         heartbeat = float(values.get("heartbeat_interval", 15.0))
@@ -146,4 +194,35 @@ def _validate(values: dict[str, Any]) -> Config:
         proxy_url=proxy_url,
         state_dir=Path(str(values.get("state_dir", "/var/lib/relay-bridge"))).absolute(),
         heartbeat_interval=heartbeat,
+        debug=debug,
+        source=source,
     )
+
+
+def _proxy_url(values: Mapping[str, Any]) -> str | None:
+    """The module's proxy: an HTTP proxy at proxy_host:proxy_port (the port is required, as
+    the module requires it), with Basic credentials when proxy_user is given. It carries
+    every call to Relay, http or https (CONNECT)."""
+    host, port = values.get("proxy_host"), values.get("proxy_port")
+    user, password = values.get("proxy_user"), values.get("proxy_password")
+    if not host:
+        if port or user or password:
+            raise ConfigError("proxy_host", "is needed with proxy_port, proxy_user or proxy_password")
+        return None
+    if not isinstance(host, str) or any(c in host for c in "/@?# "):
+        raise ConfigError("proxy_host", "must be a host name or address")
+    if port is None:
+        raise ConfigError("proxy_port", "is needed with proxy_host")
+    try:
+        number = int(port)
+    except (TypeError, ValueError):
+        raise ConfigError("proxy_port", "must be a port number") from None
+    if isinstance(port, bool) or not 0 < number < 65536:
+        raise ConfigError("proxy_port", "must be a port number")
+    if password and not user:
+        raise ConfigError("proxy_user", "is needed with proxy_password")
+    # Quoted: a password with `@`, `:` or `/` in it must not end the URL's user part.
+    credentials = f"{quote(str(user), safe='')}:{quote(str(password or ''), safe='')}@" if user else ""
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # an IPv6 address
+    return f"http://{credentials}{host}:{number}"

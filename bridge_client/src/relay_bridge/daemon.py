@@ -13,6 +13,7 @@ import random
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 from relay_bridge import metrics
@@ -164,6 +165,7 @@ class Server:
                 self.slot_free.clear()
                 self.slot_free.wait(1.0)
                 continue
+            asked = time.monotonic()
             try:
                 # One try: this loop owns the backoff, so it can stop at once on SIGTERM.
                 runs = self.client.list_runs(status="pending", wait=self.wait, attempts=1)
@@ -187,9 +189,10 @@ class Server:
                 self.workers[run["id"]] = thread
                 thread.start()
                 started += 1
-            if runs and not started:
-                # Pending runs we are already trying to accept: the long-poll answers at
-                # once while they are listed, so do not spin on it.
+            if not started and time.monotonic() - asked < 0.5:
+                # Nothing new, answered at once: the long-poll does that while pending runs
+                # are listed (ones we are already accepting, or ones refused), or with --wait
+                # 0. Do not spin on it.
                 self.stopping.wait(0.5)
 
     def _resume_held(self) -> None:

@@ -5,6 +5,9 @@ It gives up (outcome `timed-out`, and asks the service to cancel the run) when n
 accepts the run within --accept-timeout, or, once the run is in progress, when the bridge
 misses its heartbeats: when now is later than
 `updated_at + timeoutAfterMissedHeartbeats * (next_update_before - updated_at)`.
+The connection's token never goes on the command line, where `ps` shows it to every user:
+it comes from --token-file, else $RELAY_CONNECTION_TOKEN, else the spec's `connection`
+(`{relayAPIURL, token}`, what a `!Connection {type: puppet}` resolves to).
 Exit status: 0 for `finished` or `success`; 1 for any other outcome; 2 for a bad spec or
 configuration; 3 when the service could not be reached or refused the request."""
 
@@ -165,28 +168,47 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout-after-missed-heartbeats", type=int)
     p.add_argument("--accept-timeout", type=float, default=600.0, help="seconds (default 600)")
     p.add_argument("--poll-interval", type=float, default=5.0, help="seconds (default 5)")
-    p.add_argument("--api-url", default=os.environ.get("RELAY_API_URL"))
-    p.add_argument(
-        "--token", default=os.environ.get("RELAY_CONNECTION_TOKEN"), help="or RELAY_CONNECTION_TOKEN"
-    )
-    p.add_argument("--token-file", default=os.environ.get("RELAY_CONNECTION_TOKEN_FILE"))
+    p.add_argument("--api-url", help="or RELAY_API_URL, or the spec's connection.relayAPIURL")
+    # No --token: a token in argv is in `ps` for every user of the host. Refused with a
+    # message rather than argparse's "unrecognized arguments", so the fix is obvious.
+    p.add_argument("--token", help=argparse.SUPPRESS)
+    p.add_argument("--token-file", help="a file holding the token (or RELAY_CONNECTION_TOKEN_FILE)")
     p.add_argument("--outputs-file", help="also write the outputs JSON here")
     return p
 
 
+def _connection(args: argparse.Namespace, spec: dict[str, Any]) -> tuple[str, str]:
+    """The service's URL and the connection's token: flags, then the environment, then the
+    spec's `connection` (`{relayAPIURL, token}`, a resolved `!Connection`)."""
+    connection = spec.get("connection") if isinstance(spec.get("connection"), dict) else {}
+    url = args.api_url or os.environ.get("RELAY_API_URL") or connection.get("relayAPIURL")
+    token_file = args.token_file or os.environ.get("RELAY_CONNECTION_TOKEN_FILE")
+    if token_file:
+        try:
+            token = Path(token_file).read_text().strip()
+        except OSError as exc:
+            raise SpecError(f"--token-file {token_file}: {exc.strerror}") from None
+    else:
+        token = os.environ.get("RELAY_CONNECTION_TOKEN") or connection.get("token")
+    if not isinstance(url, str) or not url:
+        raise SpecError("--api-url (or RELAY_API_URL) is required")
+    if not isinstance(token, str) or not token:
+        raise SpecError("the connection's token is required: RELAY_CONNECTION_TOKEN or --token-file")
+    return url, token
+
+
 def main(argv: list[str] | None = None, clock: Clock | None = None) -> int:
     args = parser().parse_args(argv)
-    token = args.token
-    if args.token_file:
-        token = Path(args.token_file).read_text().strip()
-    if not args.api_url:
-        print("relay-puppet-run: --api-url (or RELAY_API_URL) is required", file=sys.stderr)
-        return 2
-    if not token:
-        print("relay-puppet-run: --token (or RELAY_CONNECTION_TOKEN) is required", file=sys.stderr)
+    if args.token is not None:
+        print(
+            "relay-puppet-run: --token is refused: `ps` shows it to every user of this host."
+            " Set RELAY_CONNECTION_TOKEN or use --token-file.",
+            file=sys.stderr,
+        )
         return 2
     try:
         spec = _spec_from(args)
+        url, token = _connection(args, spec)
         body = run_body(spec)
         missed = spec.get("timeoutAfterMissedHeartbeats", 3)
         if not isinstance(missed, int) or missed < 1:
@@ -194,7 +216,7 @@ def main(argv: list[str] | None = None, clock: Clock | None = None) -> int:
     except (SpecError, ValueError) as exc:
         print(f"relay-puppet-run: {exc}", file=sys.stderr)
         return 2
-    client = RelayClient(args.api_url, token)
+    client = RelayClient(url, token)
     try:
         run = client.create_run(body)
         print(f"relay-puppet-run: run {run['id']} created; waiting for a bridge", file=sys.stderr)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from relay_bridge import trust
 from relay_bridge.config import Config
 
 # What `puppet agent -t` exit codes mean (integration contract §6; -t implies
@@ -107,13 +108,33 @@ class Backend(Protocol):
         """The job `handle` names, after a restart; RunError when it cannot be found."""
 
 
+def environment_of(run: dict[str, Any]) -> str | None:
+    """The run's Puppet environment, if it names one; RunError when it is not a valid name."""
+    environment = run.get("environment")
+    if environment in (None, ""):
+        return None
+    if not trust.environment_ok(environment):
+        raise RunError(f"The run's environment is not a valid environment name: {trust.shown(environment)}.")
+    return str(environment)
+
+
+def check_certnames(names: list[Any], what: str = "node") -> list[str]:
+    """`names`, once each in the order given; RunError naming the first that is not a
+    certname (by the service's rule): nothing is run then."""
+    for name in names:
+        if not trust.certname_ok(name):
+            raise RunError(f"The run names a {what} that is not a valid certname: {trust.shown(name)}.")
+    return list(dict.fromkeys(names))
+
+
 def puppet_flags(run: dict[str, Any]) -> list[str]:
     """`puppet agent -t` flags for a run. Always --noop or --no-noop, so a node whose
     puppet.conf says `noop = true` still does what the workflow asked."""
     flags = ["--noop" if run.get("noop") else "--no-noop"]
     flags += [f"--{name}" for name in ("debug", "trace", "evaltrace") if run.get(name)]
-    if run.get("environment"):
-        flags += ["--environment", str(run["environment"])]
+    environment = environment_of(run)
+    if environment:
+        flags += ["--environment", environment]
     return flags
 
 
@@ -130,9 +151,9 @@ def nodes_of(run: dict[str, Any], backend: str) -> list[str]:
             f"not scope `{unsupported[0]}`: that needs the PE orchestrator."
         )
     nodes = scope.get("nodes")
-    if not nodes or not all(isinstance(n, str) and n for n in nodes):
+    if not nodes or not isinstance(nodes, list):
         raise RunError("The run names no nodes.")
-    return list(dict.fromkeys(nodes))  # once each, in the order given
+    return check_certnames(nodes)
 
 
 PE_MARKER = Path("/opt/puppetlabs/server/pe_version")  # what a PE primary has and open source lacks

@@ -20,6 +20,7 @@ from relay_bridge.backends import (
     GOOD_EXITS,
     NodeResult,
     RunError,
+    check_certnames,
     meaning_of,
     nodes_of,
     outcome_of,
@@ -27,15 +28,23 @@ from relay_bridge.backends import (
     puppet_flags,
 )
 from relay_bridge.backends.options import Options
+from relay_bridge.state import make_dir, private_file
 
 OPTIONS = {
     "bolt_path": "bolt",
+    # The module's `backend_bolt_command`: Bolt as a list of words, e.g. ["/opt/bolt/bin/bolt"].
+    "command": None,
+    # What the module's README option `bolt_command` renders to (its own agent ignores it).
+    "bolt_command": None,
     "node_puppet_path": "puppet",
     "transport": None,  # ssh, winrm, …: Bolt's own default when unset
     "user": None,
+    "ssh_user": None,  # the module's name for `user`
     "password_file": None,  # the password goes to Bolt in a 0600 inventory file, never on its command line
+    "ssh_password": None,  # the module's: the password itself (to the inventory too, never to argv)
     "private_key": None,
     "host_key_check": None,  # true/false; Bolt's default (true) when unset
+    "ssh_host_key_check": None,  # the module's name for `host_key_check`
     "run_as": None,
     "concurrency": None,
     "connect_timeout": None,
@@ -49,13 +58,23 @@ class BoltBackend:
 
     def __init__(self, options: dict[str, Any]) -> None:
         o = Options("bolt", OPTIONS, options)
-        self.bolt = o.string("bolt_path")
+        o.exclusive("bolt_path", "command", "bolt_command")
+        for ours, module in (
+            ("user", "ssh_user"),
+            ("password_file", "ssh_password"),
+            ("host_key_check", "ssh_host_key_check"),
+        ):
+            o.exclusive(ours, module)
+        self.bolt = o.argv("command") or o.argv("bolt_command") or [str(o.string("bolt_path"))]
         self.puppet = o.string("node_puppet_path")
         self.transport = o.string("transport")
-        self.user = o.string("user")
+        self.user = o.string("user") or o.string("ssh_user")
         self.password_file = o.string("password_file")
+        self.password = o.string("ssh_password")
         self.private_key = o.string("private_key")
         self.host_key_check = o.boolean("host_key_check")
+        if self.host_key_check is None:
+            self.host_key_check = o.boolean("ssh_host_key_check")
         self.run_as = o.string("run_as")
         self.concurrency = o.integer("concurrency", 1)
         self.connect_timeout = o.integer("connect_timeout", 1)
@@ -69,6 +88,8 @@ class BoltBackend:
         settings: dict[str, Any] = {}
         if self.user:
             settings["user"] = self.user
+        if self.password:
+            settings["password"] = self.password
         if self.password_file:
             try:
                 settings["password"] = Path(self.password_file).read_text().strip()
@@ -88,27 +109,28 @@ class BoltBackend:
         return {"version": 2, "config": config} if config else {"version": 2}
 
     def argv(self, nodes: list[str], command: str, inventory: Path) -> list[str]:
-        argv = [self.bolt, "command", "run", command, "--targets", ",".join(nodes)]
+        argv = [*self.bolt, "command", "run", command, "--targets", ",".join(nodes)]
         argv += ["--format", "json", "--no-tty", "--no-save-rerun", "--inventoryfile", str(inventory)]
         if self.concurrency:
             argv += ["--concurrency", str(self.concurrency)]
         return argv
 
     def start(self, run: dict[str, Any], workdir: Path) -> BoltJob:
+        # Certnames only: never `@file`, `local://…`, a glob or an option, which --targets reads.
         nodes = nodes_of(run, "bolt")
-        if any(n.startswith("-") or "," in n for n in nodes):
-            raise RunError("A node name starts with '-' or holds a comma: not a target Bolt can take.")
-        workdir.mkdir(parents=True, exist_ok=True)
+        command = self.command(run)
+        make_dir(workdir)
         inventory = workdir / "inventory.yaml"
-        inventory.touch(mode=0o600)
-        inventory.write_text(json.dumps(self.inventory()))  # JSON is YAML
-        return BoltJob(self.argv(nodes, self.command(run), inventory), nodes, workdir)
+        with private_file(inventory) as sink:
+            sink.write(json.dumps(self.inventory()))  # JSON is YAML
+        return BoltJob(self.argv(nodes, command, inventory), nodes, workdir)
 
     def attach(self, handle: dict[str, Any], workdir: Path) -> BoltJob:
         """The Bolt of a run this bridge held before it restarted: watched if it still runs,
         its results read if it ended meanwhile."""
         if handle.get("kind") != "bolt" or not isinstance(handle.get("nodes"), list):
             raise RunError("The bridge's record of this run's Bolt work is unreadable.")
+        check_certnames(handle["nodes"])
         if not process_alive(handle.get("pid"), b"bolt") and _items(workdir / "bolt.json") is None:
             raise RunError("Bolt ended while the bridge was down and left no results.")
         return BoltJob(None, handle["nodes"], workdir, pid=handle.get("pid"))
@@ -129,7 +151,7 @@ class BoltJob:
         self.proc: subprocess.Popen[bytes] | None = None
         if argv is not None:
             try:
-                with self.output.open("wb") as out, self.errors.open("wb") as err:
+                with private_file(self.output, "wb") as out, private_file(self.errors, "wb") as err:
                     self.proc = subprocess.Popen(
                         argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True
                     )

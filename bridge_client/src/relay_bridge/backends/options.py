@@ -19,6 +19,13 @@ class Options:
                 self.key(unknown[0]), f"is not an option of the {backend} backend ({', '.join(defaults)})"
             )
         self.values = {**defaults, **given}
+        self.given = given
+
+    def exclusive(self, *names: str) -> None:
+        """At most one of `names` may be given (the module's key and ours for one thing)."""
+        both = [name for name in names if self.given.get(name) is not None]
+        if len(both) > 1:
+            raise ConfigError(self.key(both[1]), f"give it or {self.key(both[0])}, not both")
 
     def key(self, name: str) -> str:
         return f"backend_{self.backend}_{name}"
@@ -52,6 +59,18 @@ class Options:
         if isinstance(value, str) and value.lower() in TRUE + FALSE:
             return value.lower() in TRUE
         raise ConfigError(self.key(name), "must be true or false")
+
+    def argv(self, name: str) -> list[str] | None:
+        """A command as the module gives it, a list (`["bolt"]`, `["ssh", "-F", "cfg"]`), or
+        one path as a string; None when not given."""
+        value = self.values[name]
+        if value is None:
+            return None
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+            raise ConfigError(self.key(name), "must be a command: a list of its words, or a path")
+        return list(value)
 
     def key_values(self, name: str) -> list[str]:
         """A list of `Key=value` strings (or one comma-separated string of them)."""

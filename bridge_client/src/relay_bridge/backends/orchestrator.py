@@ -20,7 +20,7 @@ from typing import Any
 
 import requests
 
-from relay_bridge.backends import RunError
+from relay_bridge.backends import RunError, check_certnames, environment_of
 from relay_bridge.backends.options import Options
 from relay_bridge.config import ConfigError
 from relay_bridge.logs import logger
@@ -143,9 +143,14 @@ class OrchestratorBackend:
         kinds = [k for k in SCOPES if k in scope]
         if len(kinds) != 1 or set(scope) - set(SCOPES):
             raise RunError(f"The run's scope must have exactly one of {', '.join(SCOPES)}.")
+        value = scope[kinds[0]]
+        if kinds[0] == "nodes":
+            if not isinstance(value, list) or not value:
+                raise RunError("The run names no nodes.")
+            value = check_certnames(value)
         body: dict[str, Any] = {
-            "environment": run.get("environment") or "production",
-            "scope": {kinds[0]: scope[kinds[0]]},
+            "environment": environment_of(run) or "production",
+            "scope": {kinds[0]: value},
             "description": f"Relay run {run['id']}",
         }
         # noop or no_noop, never both: no_noop makes agents whose puppet.conf says noop enforce.
@@ -164,11 +169,14 @@ class OrchestratorBackend:
             answer = self.call("POST", "command/deploy", self.deploy_body(run))
             return OrchestratorJob(self, _job_name(answer), plan=False)
         if kind == "task-run":
+            targets = run.get("targets")
+            if not isinstance(targets, list) or not targets:
+                raise RunError("The task run names no targets.")
             body = {
-                "environment": run.get("environment") or "production",
+                "environment": environment_of(run) or "production",
                 "task": run.get("name"),
                 "params": run.get("params") or {},
-                "scope": {"nodes": run.get("targets") or []},
+                "scope": {"nodes": check_certnames(targets, "target")},
                 "description": description,
             }
             if run.get("noop"):
@@ -179,7 +187,7 @@ class OrchestratorBackend:
             body = {
                 "plan_name": run.get("name"),
                 "params": run.get("params") or {},
-                "environment": run.get("environment") or "production",
+                "environment": environment_of(run) or "production",
                 "description": description,
             }
             answer = self.call("POST", "command/plan_run", body)

@@ -22,6 +22,7 @@ from relay_bridge.backends import (
     GOOD_EXITS,
     NodeResult,
     RunError,
+    check_certnames,
     meaning_of,
     nodes_of,
     outcome_of,
@@ -29,9 +30,11 @@ from relay_bridge.backends import (
     puppet_flags,
 )
 from relay_bridge.backends.options import Options
+from relay_bridge.state import make_dir, private_file
 
 OPTIONS = {
     "openssh_client_path": "ssh",
+    "command": None,  # the module's `ssh_command`: ssh as a list of words, e.g. ["ssh", "-F", "cfg"]
     "user": None,
     "identity_file": None,
     "port": None,
@@ -47,8 +50,6 @@ OPTIONS = {
 PID_MARK = "relay-bridge: pid "
 TAIL_CHARS, TAIL_LINES = 4000, 40
 UNREACHABLE = 255  # what the OpenSSH client exits with when it could not connect or log in
-# A host name, certname or address, never anything ssh could read as an option.
-NODE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:@\[\]-]*$")
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -58,7 +59,9 @@ class SshBackend:
 
     def __init__(self, options: dict[str, Any]) -> None:
         o = Options("ssh", OPTIONS, options)
-        self.client = o.string("openssh_client_path")
+        o.exclusive("openssh_client_path", "command")
+        self.ssh_command = o.argv("command") or [str(o.string("openssh_client_path"))]
+        self.client = self.ssh_command[0]
         self.user = o.string("user")
         self.identity_file = o.string("identity_file")
         self.port = o.integer("port", 1)
@@ -72,7 +75,14 @@ class SshBackend:
         self.sudo = o.boolean("sudo")
 
     def ssh_argv(self, node: str, command: str) -> list[str]:
-        argv = [self.client, "-T", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={self.connect_timeout}"]
+        argv = [
+            *self.ssh_command,
+            "-T",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            f"ConnectTimeout={self.connect_timeout}",
+        ]
         if self.config_file:
             argv += ["-F", self.config_file]
         if self.user:
@@ -94,15 +104,17 @@ class SshBackend:
         return f'echo "{PID_MARK}$$"; exec {shlex.join(puppet)}'
 
     def start(self, run: dict[str, Any], workdir: Path) -> SshJob:
-        nodes = nodes_of(run, "ssh")
-        workdir.mkdir(parents=True, exist_ok=True)
-        return SshJob(self, nodes, self.puppet_command(run), workdir)
+        nodes = nodes_of(run, "ssh")  # certnames only: never an option ssh would read
+        command = self.puppet_command(run)
+        make_dir(workdir)
+        return SshJob(self, nodes, command, workdir)
 
     def attach(self, handle: dict[str, Any], workdir: Path) -> SshJob:
         """The nodes of a run this bridge held before it restarted: finished ones from their
         exit code files, running ones watched until their ssh ends, the rest started now."""
         if handle.get("kind") != "ssh" or not isinstance(handle.get("nodes"), list):
             raise RunError("The bridge's record of this run's SSH work is unreadable.")
+        check_certnames(handle["nodes"])
         return SshJob(self, handle["nodes"], str(handle["command"]), workdir, resume=True)
 
 
@@ -110,7 +122,7 @@ class SshBackend:
 # exit code, in files: a bridge that restarts finds both, even for nodes that ended while
 # it was down. $0 is the node's file prefix.
 NODE_SCRIPT = (
-    'echo $$ > "$0.pid.tmp" && mv "$0.pid.tmp" "$0.pid"; "$@"; '
+    'umask 077; echo $$ > "$0.pid.tmp" && mv "$0.pid.tmp" "$0.pid"; "$@"; '
     'echo $? > "$0.rc.tmp" && mv "$0.rc.tmp" "$0.rc"'
 )
 
@@ -205,12 +217,10 @@ class SshJob:
                     self._done.set()
 
     def _run_node(self, number: int, node: str) -> NodeResult:
-        if not NODE_RE.match(node):
-            return NodeResult(node, "failed", meaning="not a valid host name")
         prefix = self._prefix(number)
         started = time.monotonic()
         try:
-            with Path(f"{prefix}.log").open("wb") as sink:
+            with private_file(Path(f"{prefix}.log"), "wb") as sink:
                 proc = subprocess.Popen(
                     ["sh", "-c", NODE_SCRIPT, str(prefix), *self.backend.ssh_argv(node, self.command)],
                     stdin=subprocess.DEVNULL,
