@@ -309,20 +309,20 @@ def test_a_part_deleted_while_the_worker_offloads_it_is_saved_again(alice, monke
     assert response.status_code == 202
     second_id = response.json()["id"]
     assert second_id != str(first.pk)
-    offload = services.offload
+    offload = services._offload  # the worker's step that stores a part the reader wrote
 
-    def offload_then_lose(value: object) -> dict:
-        meta = offload(value)
+    def offload_then_lose(written: object) -> dict:
+        meta = offload(written)
         if meta["name"] == part:  # just now, its other event goes, and the part with it
             Event.objects.filter(pk=first.pk).delete()
             assert not storages["events"].exists(part)
         return meta
 
-    monkeypatch.setattr(services, "offload", offload_then_lose)
+    monkeypatch.setattr(services, "_offload", offload_then_lose)
     with pytest.raises(objects.Vanished):
         services.process(second_id)
     assert Event.objects.get(pk=second_id).state == "received"
-    monkeypatch.setattr(services, "offload", offload)
+    monkeypatch.setattr(services, "_offload", offload)
     services.process(second_id)  # the task's retry
     second = Event.objects.get(pk=second_id)
     assert second.state == "matched"
@@ -332,16 +332,16 @@ def test_a_part_deleted_while_the_worker_offloads_it_is_saved_again(alice, monke
 def test_an_event_deleted_while_the_worker_reads_it_leaves_no_parts(alice, monkeypatch):
     _, token = make_trigger(alice)
     event_id = post(token, big_report(2, host="gone.example.com")).json()["id"]
-    offload = services.offload
+    offload = services._offload
     saved: list[str] = []
 
-    def offload_while_deleted(value: object) -> dict:
-        meta = offload(value)
+    def offload_while_deleted(written: object) -> dict:
+        meta = offload(written)
         saved.append(meta["name"])
         Event.objects.filter(pk=event_id).delete()
         return meta
 
-    monkeypatch.setattr(services, "offload", offload_while_deleted)
+    monkeypatch.setattr(services, "_offload", offload_while_deleted)
     services.process(event_id)
     assert not Event.objects.filter(pk=event_id).exists()
     assert len(saved) == 3 and stored(set(saved)) == set()

@@ -188,26 +188,6 @@ class Event(models.Model):
     def __str__(self) -> str:
         return f"{self.host or 'event'} {self.id}"
 
-    def delete(self, using: str | None = None, keep_parents: bool = False) -> tuple[int, dict[str, int]]:
-        from triggers import objects
-
-        with transaction.atomic(using=using):
-            objects.release_events(Event.objects.filter(pk=self.pk))
-            return super().delete(using, keep_parents)
-
-
-class ReleasedObject(models.Model):
-    """An object in the events storage that a deleted event referred to: deleted from storage
-    once no event refers to it, then this row goes (triggers.objects). A row is also the lock
-    that a new reference to the same name takes (triggers.objects.claim)."""
-
-    name = models.CharField(primary_key=True, max_length=255)
-    # When it was released, or when its last deletion failed: the sweep takes the oldest first.
-    queued_at = models.DateTimeField(default=timezone.now, db_index=True)
-
-    def __str__(self) -> str:
-        return self.name
-
     # Each transition below is from `received` only, with a compare-and-set: when nothing
     # was updated, another delivery of the same task got there first, and this one stops.
 
@@ -246,3 +226,23 @@ class ReleasedObject(models.Model):
     @property
     def out_of_attempts(self) -> bool:
         return self.attempts >= settings.EVENTS_MAX_ATTEMPTS
+
+    def delete(self, using: str | None = None, keep_parents: bool = False) -> tuple[int, dict[str, int]]:
+        from triggers import objects
+
+        with transaction.atomic(using=using):
+            objects.release_events(Event.objects.filter(pk=self.pk))
+            return super().delete(using, keep_parents)
+
+
+class ReleasedObject(models.Model):
+    """An object in the events storage that a deleted event referred to: deleted from storage
+    once no event refers to it, then this row goes (triggers.objects). A row is also the lock
+    that a new reference to the same name takes (triggers.objects.claim)."""
+
+    name = models.CharField(primary_key=True, max_length=255)
+    # When it was released, or when its last deletion failed: the sweep takes the oldest first.
+    queued_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    def __str__(self) -> str:
+        return self.name
