@@ -178,7 +178,7 @@ def test_run_start_ends_when_the_run_ended_before_a_bridge_took_it(puppet, alice
     start.start()
     bridge.cancel(str(the_run().id))
     done = start.check()
-    assert done.success and "ended before it started: cancelled" in done.message
+    assert done.success and "ended before a bridge took it: cancelled." in done.message
 
 
 def test_cancelling_a_waiting_run_start_cancels_its_run(puppet, alice):

@@ -181,6 +181,7 @@ class StartsARun:
             return wait_for(run, state, outputs, until=None)
         if status == Status.COMPLETE:
             # As the published loop: the step has done its part; run-wait reports the outcome.
-            return Done(True, outputs, f"Run {run.id} ended before it started: {run.outcome}.")
+            taken = "was taken by a bridge and ended" if run.accepted_at else "ended before a bridge took it"
+            return Done(True, outputs, f"Run {run.id} {taken}: {run.outcome}.")
         job = f", job {run.job_id}" if run.job_id else ""
         return Done(True, outputs, f"Run {run.id} was taken by its bridge ({status}{job}).")
