@@ -181,6 +181,16 @@ def test_run_start_ends_when_the_run_ended_before_a_bridge_took_it(puppet, alice
     assert done.success and "ended before a bridge took it: cancelled." in done.message
 
 
+def test_run_start_ends_when_a_bridge_took_the_run_and_finished_it_between_two_checks(puppet, alice):
+    _, bridge = puppet
+    start = step(RUN_START, alice, scope={"nodes": ["web1"]})
+    start.start()
+    lease = bridge.accept(str(the_run().id))
+    bridge.put_state(str(the_run().id), {"status": "complete", "outcome": "finished"}, lease)
+    done = start.check()
+    assert done.success and "was taken by a bridge and ended: finished." in done.message
+
+
 def test_cancelling_a_waiting_run_start_cancels_its_run(puppet, alice):
     start = step(RUN_START, alice, scope={"nodes": ["web1"]})
     start.start()
