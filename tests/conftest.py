@@ -13,6 +13,7 @@ from relay import vault
 from relay.models import UserToken
 from tests.bao import BaoDevServer
 from tests.bridge_helpers import Service
+from tests.puppetserver import PuppetServer
 from tests.sshd import Sshd
 
 
@@ -35,6 +36,16 @@ def bao() -> Iterator[BaoDevServer]:
 def sshd(tmp_path_factory) -> Iterator[Sshd]:
     """A real OpenSSH server on loopback: the bridge's SSH backend's "nodes"."""
     server = Sshd(tmp_path_factory.mktemp("sshd")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def puppetserver(tmp_path_factory) -> Iterator[PuppetServer]:
+    """Debian's puppetserver, started once for the session (about a minute each start) and
+    shared by the modules that run Puppet against it. Each sets its own manifest, and where
+    the server's reports go (`puppetserver.reports.send_to`)."""
+    server = PuppetServer(tmp_path_factory.mktemp("puppetserver")).start()
     yield server
     server.stop()
 

@@ -1,13 +1,18 @@
 """Debian's real puppetserver, started by the tests with every directory of its own (conf.d,
 confdir, codedir, vardir, CA) under a temporary directory and TLS on a loopback port; and an
-agent configuration for this host that talks to it. Starting takes about a minute here."""
+agent configuration for this host that talks to it. Starting takes about a minute here, so
+the session starts one (conftest.py's `puppetserver`) and the modules that need it share it."""
 
 import shutil
 import ssl
 import subprocess
+import threading
 import time
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+import requests
 
 from tests.bao import free_port
 
@@ -22,11 +27,52 @@ LOGBACK = """<configuration scan="false">
 """
 
 
+class ReportRelay:
+    """The puppetserver's `reporturl`. puppetserver reads it once, when it starts, but each
+    module that wants the reports has a service and a push trigger token of its own: the
+    module points the relay at them (`send_to`, a URL with the token as its password, as a
+    reporturl has it). Each report is passed on as Puppet's http processor sent it (body and
+    content type), with those credentials as Basic auth; the answer comes back to Puppet.
+    With nowhere to send to, reports are answered 503 and dropped."""
+
+    def __init__(self) -> None:
+        self.target: str | None = None
+        relay = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                status, answer = 503, b"no target"
+                if relay.target is not None:
+                    headers = {"Content-Type": self.headers["Content-Type"] or "application/octet-stream"}
+                    sent = requests.post(relay.target, data=body, headers=headers, timeout=30)
+                    status, answer = sent.status_code, sent.content
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_port}/reports"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def send_to(self, url: str | None) -> None:
+        self.target = url
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 class PuppetServer:
-    def __init__(self, directory: Path, reporturl: str) -> None:
+    def __init__(self, directory: Path) -> None:
         self.dir = directory
         self.port = free_port()
-        self.reporturl = reporturl
+        self.reports = ReportRelay()
         self.process: subprocess.Popen | None = None
         self.server_dir = directory / "server"
         self.agent_dir = directory / "agent"
@@ -72,7 +118,7 @@ dns_alt_names = localhost,127.0.0.1
 [server]
 autosign = true
 reports = http
-reporturl = {self.reporturl}
+reporturl = {self.reports.url}
 """
         )
         a = self.agent_dir
@@ -114,6 +160,7 @@ color = false
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                self.stop()
                 raise RuntimeError(f"puppetserver exited: {(self.dir / 'server.log').read_text()[-3000:]}")
             try:
                 url = f"https://127.0.0.1:{self.port}/status/v1/simple"
@@ -134,6 +181,7 @@ color = false
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        self.reports.close()
 
     def manifest(self, text: str) -> None:
         (self.server_dir / "code" / "environments" / "production" / "manifests" / "site.pp").write_text(text)

@@ -1,6 +1,7 @@
-"""End to end, all real: Debian's puppetserver, this host as a node reached over a real
-sshd, the project's web server (gunicorn on PostgreSQL), the `relay-puppet-run` step and
-the `relay-bridge` daemon with its SSH backend running `puppet agent -t` on the node.
+"""End to end, all real: Debian's puppetserver (the session's, conftest.py), this host as a
+node reached over a real sshd, the project's web server (gunicorn on PostgreSQL), the
+`relay-puppet-run` step and the `relay-bridge` daemon with its SSH backend running
+`puppet agent -t` on the node.
 
 The data these tests make is committed (gunicorn is another process), so the module makes
 its owner once and deletes it (and with it connection, runs, trigger, events) at the end."""
@@ -44,7 +45,7 @@ class World:
 
 
 @pytest.fixture(scope="module")
-def world(django_db_setup, django_db_blocker, bao, sshd, tmp_path_factory):
+def world(django_db_setup, django_db_blocker, bao, sshd, puppetserver, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("e2e")
     point_vault_at(bao, bao.root().token)
     with django_db_blocker.unblock():
@@ -70,17 +71,14 @@ def world(django_db_setup, django_db_blocker, bao, sshd, tmp_path_factory):
         stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
-    puppetserver = PuppetServer(
-        workdir / "puppet", f"http://reports:{trigger_token}@127.0.0.1:{port}/api/events"
-    )
+    puppetserver.reports.send_to(f"http://reports:{trigger_token}@127.0.0.1:{port}/api/events")
     client = RelayClient(url, str(token), attempts=1)
     try:
         wait_for(lambda: _up(url), 30, "gunicorn")
-        puppetserver.start()
         yield World(Service(url, str(token), client), puppetserver, puppetserver.certname(), trigger, workdir)
     finally:
         client.close()
-        puppetserver.stop()
+        puppetserver.reports.send_to(None)
         web.terminate()
         web.wait(30)
         with django_db_blocker.unblock():
