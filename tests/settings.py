@@ -49,6 +49,12 @@ def outside_env(**extra: str) -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if not k.startswith(TEST_ONLY_ENV)}, **extra}
 
 
+# A worker process the tests start posts to the Slack stand-in as Slack's Web API (its
+# SLACK_API_URL in the environment too): what SlackStandIn.allow_api sets in the test process.
+if os.environ.get("TEST_SLACK_CA_BUNDLE"):
+    SLACK_API_ALLOW_LOOPBACK = True
+    SLACK_CA_BUNDLE = os.environ["TEST_SLACK_CA_BUNDLE"]
+
 STATIC_ROOT = Path(tempfile.mkdtemp(prefix="relay-static-"))
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # speed, not security
 STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}  # noqa: F405

@@ -1,5 +1,6 @@
 """A local stand-in for Slack: an incoming webhook, and the Web API's chat.postMessage.
-It records every POST and answers as Slack does.
+It records every POST and answers as Slack does (after `delays`, when told to: a Slack
+that is slow to answer).
 
 - A webhook (any other path): 200 `ok`; or, when told to, 404 `no_service`, 429 with
   Retry-After, 500, or any status with any body, e.g. a redirect.
@@ -13,7 +14,8 @@ It records every POST and answers as Slack does.
 
 It speaks HTTPS, as the service requires of webhooks, with a certificate for `localhost`
 from a CA of its own (`ca`), on 127.0.0.1: the tests let the service reach it with the
-test-only settings SLACK_WEBHOOK_ALLOW_LOOPBACK and SLACK_CA_BUNDLE (see `allow`)."""
+test-only settings SLACK_WEBHOOK_ALLOW_LOOPBACK and SLACK_CA_BUNDLE (see `allow`; and
+`worker_env` for a worker process)."""
 
 import json
 import ssl
@@ -33,6 +35,7 @@ class SlackStandIn:
         self.received: list[dict] = []
         # What to answer next, then 200s: a status (with Slack's body), or (status, body, headers).
         self.answers: list[int | tuple[int, bytes, dict[str, str]]] = []
+        self.delays: list[float] = []  # seconds to wait before answering the next requests
         self.tokens: set[str] = set()  # the bot tokens chat.postMessage takes
         self.channels = {"C0123456789": "general"}  # id -> name
         standin = self
@@ -53,6 +56,8 @@ class SlackStandIn:
                     "json": document,
                 }
                 standin.received.append(record)
+                if standin.delays:
+                    time.sleep(standin.delays.pop(0))
                 answer = standin.answers.pop(0) if standin.answers else 200
                 if isinstance(answer, tuple):
                     status, text, headers = answer
@@ -61,14 +66,17 @@ class SlackStandIn:
                     record["answer"] = json.loads(text)
                 else:
                     status, text, headers = answer, SLACK_BODIES[answer], {}
-                self.send_response(status)
-                if status == 429:
-                    self.send_header("Retry-After", "1")
-                for name, value in {"Content-Type": "text/html", **headers}.items():
-                    self.send_header(name, value)
-                self.send_header("Content-Length", str(len(text)))
-                self.end_headers()
-                self.wfile.write(text)
+                try:
+                    self.send_response(status)
+                    if status == 429:
+                        self.send_header("Retry-After", "1")
+                    for name, value in {"Content-Type": "text/html", **headers}.items():
+                        self.send_header(name, value)
+                    self.send_header("Content-Length", str(len(text)))
+                    self.end_headers()
+                    self.wfile.write(text)
+                except OSError:
+                    pass  # the caller is gone (a worker killed while it waited for the answer)
 
             def log_message(self, *args: object) -> None:
                 pass
@@ -129,6 +137,13 @@ class SlackStandIn:
         settings.SLACK_API_URL = f"https://localhost:{self.port}/api"
         settings.SLACK_API_ALLOW_LOOPBACK = True
         settings.SLACK_CA_BUNDLE = str(self.ca)
+
+    def worker_env(self, token: str) -> dict[str, str]:
+        """What a worker process needs in its environment to call this stand-in as Slack's
+        Web API (tests/settings.py reads TEST_SLACK_CA_BUNDLE), with `token` a bot token it
+        knows."""
+        self.tokens.add(token)
+        return {"SLACK_API_URL": f"https://localhost:{self.port}/api", "TEST_SLACK_CA_BUNDLE": str(self.ca)}
 
     def close(self) -> None:
         self.server.shutdown()
