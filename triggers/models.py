@@ -150,6 +150,10 @@ class Event(models.Model):
     notification = models.CharField(max_length=16, blank=True)
     notification_detail = models.TextField(blank=True)
     notified_at = models.DateTimeField(null=True, blank=True)
+    # What a workflow trigger's `when` and bindings read as `event` (`!Data host`,
+    # `${event.noop}`): the Puppet module's push body's shape, whichever way the report came
+    # (triggers.reports.event_data); null when it was too large to keep.
+    data = models.JSONField(null=True, blank=True)
 
     objects = EventQuerySet.as_manager()
 

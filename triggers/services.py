@@ -139,6 +139,7 @@ def _record(event: Event, read: reader.Read, parts: dict[str, Any]) -> None:
         "notification": "pending" if send_message else "",
         "filter_note": read.filter_note,
         "summary": summary,
+        "data": read.data,
         "parts": parts,
         "host": summary["host"][:255],
         "status": summary["status"],

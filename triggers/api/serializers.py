@@ -97,6 +97,7 @@ class EventSerializer(serializers.ModelSerializer):
             "body_size",
             "body_sha256",
             "summary",
+            "data",
             "parts",
         ]
 
@@ -113,4 +114,4 @@ class EventSerializer(serializers.ModelSerializer):
 
 class EventListSerializer(EventSerializer):
     class Meta(EventSerializer.Meta):
-        fields = [f for f in EventSerializer.Meta.fields if f not in ("summary", "parts")]
+        fields = [f for f in EventSerializer.Meta.fields if f not in ("summary", "data", "parts")]
