@@ -140,7 +140,22 @@ class WorkflowAdmin(admin.ModelAdmin):
         latest = obj.latest_revision()
         source = form.cleaned_data["source"]
         if latest is None or latest.source != source:
-            obj.add_revision(source, request.user)
+            revision = obj.add_revision(source, request.user)
+            for trigger in revision.new_push_triggers:
+                # Its token is not shown here (a message would keep it in a cookie): the
+                # trigger's page makes one to copy.
+                link = reverse(
+                    "admin:triggers_trigger_change", args=[obj.push_triggers.get(name=trigger.name).pk]
+                )
+                self.message_user(
+                    request,
+                    format_html(
+                        'Made push trigger {}: <a href="{}">regenerate its token</a> to copy one.',
+                        trigger.name,
+                        link,
+                    ),
+                    messages.WARNING,
+                )
 
     def save_formset(self, request: HttpRequest, form: WorkflowForm, formset: Any, change: bool) -> None:
         if formset.model is not WorkflowSecret:
