@@ -4,6 +4,7 @@ takes from the event's data, once per event; `when` false starts none and the ev
 why; a revision that drops a trigger deletes it (its token stops working)."""
 
 import json
+import re
 import shutil
 import uuid
 from pathlib import Path
@@ -15,6 +16,7 @@ import yaml
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
+from django.test import Client
 from rest_framework.test import APIClient
 
 from tests.conftest import client_for, run_concurrently
@@ -438,3 +440,49 @@ def test_a_real_puppet_run_binds_the_same_values_every_way_it_comes(
     assert bound["yaml"] == bound["json"] == bound["push"]
     assert bound["yaml"]["host"] and bound["yaml"]["status"] == "changed" and bound["yaml"]["noop"] is False
     assert list(bound["yaml"]["resourceStatuses"]) == [f"File[{target}]"]
+
+
+def test_the_readme_s_worked_example_binds_the_host_and_the_changed_resources(worker, api):
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    [source] = [
+        block
+        for block in re.findall(r"```yaml\n(.*?)```", readme, re.DOTALL)
+        if "relaysh/slack-step-message-send" in block and "type: push" in block
+    ]
+    token = create(api, source, "tell-slack")["triggers"][0]["token"]
+    event = ended(send(token, motd(noop=False, pending=False)))
+    run = finished(WorkflowRun.objects.get(event=event))
+    assert run.parameters == {
+        "host": "web1.example.com",
+        "changes": motd(noop=False, pending=False)["resource_statuses"],
+    }
+    assert steps_of(run)["tell-slack"].image == "relaysh/slack-step-message-send"
+    # A noop run with changes pending: the example's `when` leaves it alone.
+    pending = ended(send(token, motd(noop=True, pending=True)))
+    assert pending.workflow_start == "skipped"
+
+
+def test_the_admin_makes_a_workflow_s_push_triggers_and_shows_no_token(staff, bao):
+    admin = Client()
+    admin.force_login(staff)
+    data = {
+        "owner": staff.pk,
+        "name": "reported",
+        "description": "",
+        "source": REPORTED,
+        "secrets-TOTAL_FORMS": 0,
+        "secrets-INITIAL_FORMS": 0,
+        "revisions-TOTAL_FORMS": 0,
+        "revisions-INITIAL_FORMS": 0,
+    }
+    response = admin.post("/admin/workflows/workflow/add/", data, follow=True)
+    trigger = Trigger.objects.get(workflow__name="reported")
+    page = response.content.decode()
+    assert "Made push trigger puppet-report" in page
+    assert f"/admin/triggers/trigger/{trigger.pk}/change/" in page
+    token = bao.read(f"relay/triggers/{trigger.pk}")["token"]
+    assert token not in page and token not in json.dumps(dict(admin.cookies.items()), default=str)
+    change = admin.get(f"/admin/triggers/trigger/{trigger.pk}/change/").content.decode()
+    assert 'name="name"' not in change and "/delete/" not in change  # the document names it and ends it
+    assert admin.post(f"/admin/triggers/trigger/{trigger.pk}/delete/", {"post": "yes"}).status_code == 403
+    assert Trigger.objects.filter(pk=trigger.pk).exists()
