@@ -1,12 +1,12 @@
-"""What every token's admin shares: the token is shown once, on the page that answers the
-create or the regenerate, and a Vault failure is a message, never a half-saved row. And the
-admin of user API tokens."""
+"""What the admins of owned rows share (a Vault failure is a message, never a half-saved
+row) and of tokens (the token is shown once, on the page that answers the create or the
+regenerate). And the admin of user API tokens."""
 
 from urllib.parse import urlencode
 
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
@@ -61,22 +61,24 @@ class RevealTokenOnceAdmin(admin.ModelAdmin):
         return response
 
 
-class TokenHolderAdmin(RevealTokenOnceAdmin):
-    change_form_template = "admin/relay/token_change_form.html"
-    search_fields = ["name", "description", "owner__username", "token_lookup"]
+class OwnedAdmin(admin.ModelAdmin):
+    """Rows a user owns, with a Vault secret (connections, triggers): the owner is chosen
+    once, and a Vault failure is a message and the form again, never a half-saved row."""
+
+    search_fields = ["name", "description", "owner__username"]
     autocomplete_fields = ["owner"]
     # What the add form asks for; the change form shows these and readonly_fields.
     editable_fields: tuple[str, ...] = ("name", "description", "owner")
     # Fields of the add form kept when Vault fails and the form is shown again.
     add_form_fields: tuple[str, ...] = ("name", "description", "owner")
 
-    def get_fields(self, request: HttpRequest, obj: tokens.TokenHolder | None = None) -> list[str]:
+    def get_fields(self, request: HttpRequest, obj: Model | None = None) -> list[str]:
         if obj is None:
             return list(self.editable_fields)
         return [*self.editable_fields, *self.readonly_fields]
 
-    def get_readonly_fields(self, request: HttpRequest, obj: tokens.TokenHolder | None = None) -> list[str]:
-        # The owner is chosen once: moving a holder would hand its token to another user.
+    def get_readonly_fields(self, request: HttpRequest, obj: Model | None = None) -> list[str]:
+        # The owner is chosen once: moving a row would hand its secret to another user.
         return [*self.readonly_fields, "owner"] if obj else []
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
@@ -84,6 +86,28 @@ class TokenHolderAdmin(RevealTokenOnceAdmin):
 
     def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, str]:
         return {"owner": str(request.user.pk), **super().get_changeform_initial_data(request)}
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict | None = None,
+    ) -> HttpResponse:
+        # The admin saves inside a transaction: a VaultUnavailable from save_model rolls the
+        # row back.
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except vault.VaultUnavailable as exc:
+            self.message_user(request, f"Nothing was saved. {exc}", messages.ERROR)
+            # Back to the form with what was typed (the add form takes initial data from GET).
+            keep = {key: request.POST.get(key, "") for key in self.add_form_fields}
+            return HttpResponseRedirect(f"{request.path}?{urlencode(keep)}")
+
+
+class TokenHolderAdmin(RevealTokenOnceAdmin, OwnedAdmin):
+    change_form_template = "admin/relay/token_change_form.html"
+    search_fields = [*OwnedAdmin.search_fields, "token_lookup"]
 
     @sensitive_variables("token")
     def save_model(self, request: HttpRequest, obj: tokens.TokenHolder, form: object, change: bool) -> None:
@@ -96,21 +120,6 @@ class TokenHolderAdmin(RevealTokenOnceAdmin):
     def secret_from_form(self, form: object) -> dict[str, str]:
         """Other values of the holder's Vault secret that the add form collects."""
         return {}
-
-    def changeform_view(
-        self,
-        request: HttpRequest,
-        object_id: str | None = None,
-        form_url: str = "",
-        extra_context: dict | None = None,
-    ) -> HttpResponse:
-        try:
-            return super().changeform_view(request, object_id, form_url, extra_context)
-        except vault.VaultUnavailable as exc:
-            self.message_user(request, f"Nothing was saved. {exc}", messages.ERROR)
-            # Back to the form with what was typed (the add form takes initial data from GET).
-            keep = {key: request.POST.get(key, "") for key in self.add_form_fields}
-            return HttpResponseRedirect(f"{request.path}?{urlencode(keep)}")
 
     def get_urls(self) -> list:
         name = f"{self.opts.app_label}_{self.opts.model_name}_regenerate"

@@ -6,6 +6,9 @@ from django.views.debug import SafeExceptionReporterFilter
 
 from relay.tokens import LEAK_RE
 
+# Tokens of ours, and Slack's (a slack connection's token, typed into a form or a request).
+SECRET_RE = re.compile(rf"{LEAK_RE.pattern}|xox[a-z](?:\.xox[a-z])?-[0-9A-Za-z-]+")
+
 
 class RelayExceptionReporterFilter(SafeExceptionReporterFilter):
     """Keeps tokens, Authorization headers and connection strings off error pages and out of
@@ -28,15 +31,15 @@ class RelayExceptionReporterFilter(SafeExceptionReporterFilter):
             return params
         cleansed = params.copy()
         for key, values in params.lists():
-            cleansed.setlist(key, [LEAK_RE.sub(self.cleansed_substitute, value) for value in values])
+            cleansed.setlist(key, [SECRET_RE.sub(self.cleansed_substitute, value) for value in values])
         return cleansed
 
     def get_traceback_frame_variables(self, request: HttpRequest, tb_frame: Any) -> Any:
         cleansed = []
         for name, value in super().get_traceback_frame_variables(request, tb_frame):
             text = value if isinstance(value, str) else repr(value)
-            if LEAK_RE.search(text) or "HTTP_AUTHORIZATION" in text:
-                value = LEAK_RE.sub(self.cleansed_substitute, text)
+            if SECRET_RE.search(text) or "HTTP_AUTHORIZATION" in text:
+                value = SECRET_RE.sub(self.cleansed_substitute, text)
                 value = re.sub(r"('HTTP_AUTHORIZATION': )'[^']*'", rf"\1'{self.cleansed_substitute}'", value)
             cleansed.append((name, value))
         return cleansed

@@ -78,6 +78,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "relay",
+    "connections",
     "puppet_connection",
     "runs",
     "triggers",
@@ -335,6 +336,10 @@ SLACK_WEBHOOK_HOSTS = [
 # reached, with a CA of its own. None is the system's CAs.
 SLACK_WEBHOOK_ALLOW_LOOPBACK = False
 SLACK_CA_BUNDLE: str | None = None
+# Slack's Web API, where the relaysh/slack-step-message-send step posts (https only; public
+# addresses only, as for webhooks). SLACK_API_ALLOW_LOOPBACK is for tests, like the above.
+SLACK_API_URL = env.str("SLACK_API_URL", default="https://slack.com/api").rstrip("/")
+SLACK_API_ALLOW_LOOPBACK = False
 
 # Workflows (workflows/engine.py). Times in seconds.
 APPROVAL_TIMEOUT = env.int("APPROVAL_TIMEOUT", default=3600)  # then the approval fails the run

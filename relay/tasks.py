@@ -3,13 +3,12 @@ import uuid
 from datetime import datetime, timedelta
 
 from celery import shared_task
-from django.apps import apps
 from django.conf import settings
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from relay import vault
-from relay.tokens import TokenHolder
+from relay.vaulted import vault_backed_models
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +49,7 @@ def delete_orphan_secrets(now: datetime) -> int:
         )
         return 0
     deleted = 0
-    for model in apps.get_models():
-        if not issubclass(model, TokenHolder):
-            continue
+    for model in vault_backed_models():
         folder = vault.path_for(model.VAULT_KIND, "")
         ids = {key for key in vault.list_keys(folder) if _is_uuid(key)}
         known = {str(pk) for pk in model._default_manager.filter(pk__in=ids).values_list("pk", flat=True)}

@@ -28,12 +28,10 @@ from typing import Self
 from django.conf import settings
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import models, transaction
-from django.db.models.signals import class_prepared, post_delete
-from django.dispatch import receiver
 from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
 
-from relay import vault
+from relay.vaulted import VaultBacked
 
 log = logging.getLogger(__name__)
 
@@ -176,21 +174,15 @@ class DigestToken(models.Model):
             setattr(self, field, value)
 
 
-class TokenHolder(DigestToken):
-    """A token holder whose plain token is also kept in Vault, at
-    `<VAULT_PATH_PREFIX>/<VAULT_KIND>/<id>` (key `token`; other keys of that secret belong to
-    the subclass and are kept across regenerates), for the workflow steps that use it.
+class TokenHolder(DigestToken, VaultBacked):
+    """A token holder whose plain token is also kept in Vault (relay.vaulted: key `token`;
+    other keys of that secret belong to the subclass and are kept across regenerates), for
+    the workflow steps that use it.
 
-    Subclasses have a UUID `id`, an `owner` and `token_regenerated_at`."""
-
-    VAULT_KIND: str = ""
+    Subclasses have a UUID `id`, an `owner`, `token_regenerated_at` and a VAULT_KIND."""
 
     class Meta:
         abstract = True
-
-    @property
-    def vault_path(self) -> str:
-        return vault.path_for(self.VAULT_KIND, self.pk)
 
     @sensitive_variables("token", "secret")
     def issue_token(self, secret: dict[str, str] | None = None) -> PlainToken:
@@ -206,9 +198,7 @@ class TokenHolder(DigestToken):
         if not creating:
             self.token_regenerated_at = timezone.now()
         self.save()
-        # Check-and-set: create only if absent; replace only the version we have just read.
-        current, version = ({}, 0) if creating else vault.read_with_version(self.vault_path)
-        vault.write(self.vault_path, {**current, **(secret or {}), "token": token}, cas=version)
+        self.write_secret({**(secret or {}), "token": token}, creating=creating)
         return token
 
     @classmethod
@@ -233,31 +223,3 @@ class TokenHolder(DigestToken):
             setattr(self, field, getattr(locked, field))
         log.info("%s %s token regenerated", self._meta.verbose_name, self.pk)
         return token
-
-
-@receiver(class_prepared)
-def _connect_vault_cleanup(sender: type, **kwargs: object) -> None:
-    """Listen for deletes of token holders only: a post_delete receiver for every model
-    would stop Django's fast delete (one DELETE, rows never loaded) for all of them."""
-    if issubclass(sender, TokenHolder) and not sender._meta.abstract:
-        post_delete.connect(
-            _delete_vault_secret, sender=sender, dispatch_uid=f"vault-cleanup-{sender._meta.label}"
-        )
-
-
-def _delete_vault_secret(sender: type, instance: TokenHolder, **kwargs: object) -> None:
-    """A deleted holder's secret goes too.
-
-    A signal, not delete(), so admin bulk deletes and cascades from a deleted user count too.
-    After commit, so a rolled-back delete keeps its secret. If Vault is down then, the token
-    has stopped working anyway (its digest is gone) and relay.tasks.reconcile_vault_secrets
-    removes the secret later."""
-    path = instance.vault_path
-
-    def purge() -> None:
-        try:
-            vault.delete(path)
-        except vault.VaultUnavailable as exc:
-            log.warning("vault secret %s left for the reconciler: %s", path, exc)
-
-    transaction.on_commit(purge)

@@ -14,7 +14,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
-    path("api/", include("puppet_connection.api.urls")),
+    path("api/", include("connections.api.urls")),
     path("api/", include("triggers.api.urls")),
     path("api/", include("workflows.api.urls")),
     path("api/events", EventIngestView.as_view(), name="events"),

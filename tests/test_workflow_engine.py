@@ -220,7 +220,10 @@ def test_an_image_nothing_runs_fails_its_step_naming_what_can(worker, owner):
     step = steps_of(run)["build"]
     assert step.status == "failure"
     assert step.message == (
-        "No step here runs the image 'alpine:3'. The images this service runs itself: relay-internal/noop. "
+        "No step here runs the image 'alpine:3'. The images this service runs itself: "
+        "relay-internal/noop, relaysh/puppet-step-plan-run-start, relaysh/puppet-step-run, "
+        "relaysh/puppet-step-run-start, relaysh/puppet-step-run-wait, "
+        "relaysh/puppet-step-task-run-start, relaysh/slack-step-message-send. "
         "(Script steps on other images are not supported yet.)"
     )
     assert run.outcome == "failure" and run.message == "Failed: build."

@@ -9,7 +9,7 @@ from django.db.models import F
 from django.db.models.fields.json import KeyTransform
 from django.utils import timezone
 
-from puppet_connection.models import name_validator
+from connections.models import name_validator
 from relay import tokens, vault
 from triggers.reports import Filters
 

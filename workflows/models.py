@@ -11,7 +11,7 @@ from django.dispatch import receiver
 from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
 
-from puppet_connection.models import name_validator
+from connections.models import name_validator
 from relay import vault
 from relay.tokens import PlainToken
 from workflows.dialect import validate, yamlload

@@ -80,11 +80,10 @@ class RejectUnknownFields:
         return super().to_internal_value(data)  # type: ignore[misc]
 
 
-class TokenHolderSerializer(StrictModelSerializer):
-    """A connection or trigger: `name` unique per owner; created with a new token."""
+class OwnedSerializer(StrictModelSerializer):
+    """A row a user owns (a connection, a trigger): `name` unique per owner."""
 
     owner = serializers.CharField(source="owner.get_username", read_only=True)
-    token_prefix = serializers.CharField(read_only=True)
 
     def validate_name(self, name: str) -> str:
         # Unique per owner: the holder's owner when it is renamed (perhaps by staff), the
@@ -109,6 +108,20 @@ class TokenHolderSerializer(StrictModelSerializer):
         )
         return f"{who} a {self.Meta.model._meta.verbose_name} with this name."
 
+    def update(self, instance: Any, validated_data: dict[str, Any]) -> Any:
+        try:
+            with transaction.atomic():
+                return super().update(instance, validated_data)
+        except IntegrityError:
+            # Lost a race with a concurrent rename to the same name.
+            raise serializers.ValidationError({"name": [self.name_taken(instance.owner)]}, "unique") from None
+
+
+class TokenHolderSerializer(OwnedSerializer):
+    """A connection or trigger with a token of ours: created with a new token."""
+
+    token_prefix = serializers.CharField(read_only=True)
+
     def pop_secret(self, validated_data: dict[str, Any]) -> dict[str, str]:
         """Values that belong in the holder's Vault secret, not its row (none by default)."""
         return {}
@@ -127,14 +140,6 @@ class TokenHolderSerializer(StrictModelSerializer):
             ) from None
         self.context["token"] = token
         return holder
-
-    def update(self, instance: Any, validated_data: dict[str, Any]) -> Any:
-        try:
-            with transaction.atomic():
-                return super().update(instance, validated_data)
-        except IntegrityError:
-            # Lost a race with a concurrent rename to the same name.
-            raise serializers.ValidationError({"name": [self.name_taken(instance.owner)]}, "unique") from None
 
 
 @extend_schema_field(OpenApiTypes.STR)

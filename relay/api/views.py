@@ -1,4 +1,4 @@
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
 from django.views.decorators.debug import sensitive_variables
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -7,13 +7,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from relay.api.permissions import OwnerOrModelPermission, visible_to
-from relay.tokens import TokenHolder
 
 # The token is in the body: no cache on the way may keep a copy.
 NO_STORE = {"Cache-Control": "no-store", "Pragma": "no-cache"}
 
 
-class TokenHolderViewSet(
+class OwnedViewSet(
     mixins.CreateModelMixin,
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
@@ -21,18 +20,23 @@ class TokenHolderViewSet(
     mixins.DestroyModelMixin,
     viewsets.GenericViewSet,
 ):
-    """Connections or triggers: users manage their own; anyone else's need the admin's
-    permissions (relay.api.permissions). Create answers the new token once; `regenerate`
-    replaces it. Subclasses set queryset, serializer_class and token_serializer_class (the
-    same with a TokenField)."""
+    """Rows with an owner and a UUID (connections, triggers): users manage their own; anyone
+    else's need the admin's permissions (relay.api.permissions). Subclasses set queryset and
+    serializer_class."""
 
-    token_serializer_class: type
     lookup_value_converter = "uuid"
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
     permission_classes = [IsAuthenticated, OwnerOrModelPermission]
 
-    def get_queryset(self) -> QuerySet[TokenHolder]:
+    def get_queryset(self) -> QuerySet[Model]:
         return visible_to(self.request.user, self.queryset.model._default_manager.select_related("owner"))
+
+
+class TokenHolderViewSet(OwnedViewSet):
+    """Token holders: create answers the new token once; `regenerate` replaces it.
+    Subclasses also set token_serializer_class (the serializer with a TokenField)."""
+
+    token_serializer_class: type
 
     @sensitive_variables("serializer")
     def create(self, request: Request, *args: object, **kwargs: object) -> Response:

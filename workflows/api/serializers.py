@@ -3,7 +3,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from puppet_connection.models import name_validator
+from connections.models import name_validator
 from relay.api.serializers import JSONObjectField, RejectUnknownFields, StrictCharField
 from triggers.models import Trigger
 from workflows.dialect.yamlload import MAX_BYTES

@@ -28,7 +28,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from puppet_connection.models import name_validator
+from connections.models import name_validator
 from relay.api.exceptions import Conflict as ConflictError
 from relay.api.permissions import may_for_all
 from relay.api.problems import PROBLEM_CONTENT_TYPE, problem

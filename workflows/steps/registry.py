@@ -5,10 +5,10 @@ registered by the modules that define them, imported from `load()` below, so tha
 engine, the API and the admin all see the same list. An image with no handler ends its step
 `failure`, with a message naming the images that can run.
 
-Connections: `!Connection {type, name}` resolves through `connection_resolver(owner_id,
-type, name)`, set by the module that defines connections: the value a step sees (for
-`puppet`, `{relayAPIURL, token}`), or None when the owner has no such connection (the step
-then fails, naming it). It may raise relay.vault.VaultUnavailable: the engine tries again.
+Connections: `!Connection {type, name}` resolves through connections.services: the value a
+step sees (for `puppet`, `{relayAPIURL, token}`), or None when the owner has no such
+connection (the step then fails, naming it). It may raise relay.vault.VaultUnavailable: the
+engine tries again.
 """
 
 from collections.abc import Callable, Mapping
@@ -16,13 +16,12 @@ from typing import Any
 
 from django.conf import settings
 
+from connections import services as connections
 from workflows.steps.base import StepHandler, image_name
 
 HandlerFactory = Callable[[], StepHandler]
-ConnectionResolver = Callable[[int, str, str], Mapping[str, Any] | None]  # (owner_id, type, name)
 
 HANDLERS: dict[str, HandlerFactory] = {}
-connection_resolver: ConnectionResolver | None = None
 
 
 def register(image: str) -> Callable[[HandlerFactory], HandlerFactory]:
@@ -44,6 +43,9 @@ def load() -> None:
     if _loaded:
         return
     _loaded = True
+    from workflows.steps.handlers import HANDLERS as NATIVE  # the published images' steps
+
+    HANDLERS.update(NATIVE)
     if settings.WORKFLOW_NOOP_STEPS:
         from workflows.steps import noop  # noqa: F401  (registers on import)
 
@@ -58,4 +60,4 @@ def runnable_images() -> list[str]:
 
 
 def resolve_connection(owner_id: int, kind: str, name: str) -> Mapping[str, Any] | None:
-    return connection_resolver(owner_id, kind, name) if connection_resolver is not None else None
+    return connections.resolve_connection(owner_id, kind, name)

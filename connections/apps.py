@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ConnectionsConfig(AppConfig):
+    name = "connections"
+    default_auto_field = "django.db.models.BigAutoField"

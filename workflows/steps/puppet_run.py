@@ -1,0 +1,80 @@
+"""`relaysh/puppet-step-run`: the RFC's one-step `run`. It asks for a Puppet run and follows
+it to its end; outputs `jobID` and `outcome` (and `id`, at once).
+
+spec (the RFC's names; the published steps' lower-case ones are taken too): connection
+(puppet), timeoutAfterMissedHeartbeats (default 3), environment, scope, noOp (noop),
+no_noop, debug, trace, evalTrace (evaltrace).
+
+It ends `success` when the outcome is `finished` or `success` (a plan's), and `failure` for
+any other, as the bridge's relay-puppet-run exits. It gives up (outcome `timed-out`, and
+the run is asked to cancel) when the bridge misses `timeoutAfterMissedHeartbeats`
+heartbeats: once now is later than `updated_at + timeoutAfterMissedHeartbeats *
+(next_update_before - updated_at)`."""
+
+from collections.abc import Mapping
+from typing import Any
+
+from django.utils import timezone
+
+from runs.models import Outcome, Run, Status
+from workflows.steps import puppet
+from workflows.steps.base import Done, StepContext, Wait
+from workflows.steps.spec import SpecError, check_fields
+
+SUCCESS = (Outcome.FINISHED, Outcome.SUCCESS)
+# The run's fields and the spec's names for them; the RFC's first.
+SPELLINGS = {
+    "environment": ("environment",),
+    "scope": ("scope",),
+    "noop": ("noOp", "noop"),
+    "no_noop": ("no_noop",),
+    "debug": ("debug",),
+    "trace": ("trace",),
+    "evaltrace": ("evalTrace", "evaltrace"),
+}
+
+
+def run_fields(spec: Mapping[str, Any]) -> dict[str, str]:
+    """Each run field -> the spec's name for it; both spellings of one field are an error."""
+    names = {}
+    for field, spellings in SPELLINGS.items():
+        given = [name for name in spellings if spec.get(name) is not None]
+        if len(given) > 1:
+            raise SpecError(f"spec.{given[0]}: give {given[0]} or {given[1]}, not both.")
+        names[field] = given[0] if given else spellings[0]
+    return names
+
+
+class PuppetRun:
+    image = "relaysh/puppet-step-run"
+    known = {"connection", "timeoutAfterMissedHeartbeats", *(n for both in SPELLINGS.values() for n in both)}
+
+    def start(self, ctx: StepContext) -> Done | Wait:
+        try:
+            check_fields(ctx.spec, self.known, self.image)
+            connection = puppet.connection_from(ctx.spec)
+            missed = puppet.missed_heartbeats(ctx.spec)
+            names = run_fields(ctx.spec)
+            run = puppet.create_run(connection, {"type": "run", **puppet.optional(ctx.spec, names)}, names)
+        except SpecError as exc:
+            return Done(False, message=str(exc))
+        return self.follow(run, puppet.kept(run, connection, missed=missed), ctx)
+
+    def check(self, ctx: StepContext) -> Done | Wait:
+        run = puppet.run_of(ctx)
+        return puppet.GONE if run is None else self.follow(run, ctx.state, ctx)
+
+    def cancel(self, ctx: StepContext) -> None:
+        run = puppet.run_of(ctx) if ctx.state else None
+        if run is not None:
+            puppet.cancel(run, ctx)
+
+    def follow(self, run: Run, state: Mapping[str, Any], ctx: StepContext) -> Done | Wait:
+        outputs = {"id": str(run.id), "jobID": run.job_id}
+        if run.status == Status.COMPLETE:
+            return Done(run.outcome in SUCCESS, {**outputs, "outcome": run.outcome}, puppet.ended(run))
+        deadline = puppet.heartbeat_deadline(run, state["missed"])
+        if deadline is not None and timezone.now() > deadline:
+            message = puppet.give_up(run, ctx, state["missed"])
+            return Done(False, {**outputs, "outcome": Outcome.TIMED_OUT.value}, message)
+        return puppet.wait_for(run, state, {"id": str(run.id)}, until=deadline)
