@@ -4,6 +4,7 @@ takes from the event's data, once per event; `when` false starts none and the ev
 why; a revision that drops a trigger deletes it (its token stops working)."""
 
 import json
+import os
 import re
 import shutil
 import uuid
@@ -28,6 +29,7 @@ from tests.events_helpers import (
     post,
     puppet_apply,
 )
+from tests.slack_standin import SlackStandIn
 from tests.test_connection_api import assert_problem
 from tests.test_event_data import as_json
 from tests.test_events_push_body import PlainLoader, motd, push_data
@@ -41,18 +43,43 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PUPPET_8 = "puppet-8.4-jacobbrewer1-puppet-summary-example.yaml"
+WAYS = ("yaml", "push", "json")
+
+
+SLACK_TOKEN = "xoxb-1111111111-2222222222222-AbCdEfGhIjKlMnOpQrStUvWx"
 
 
 @pytest.fixture(scope="module")
-def worker(django_db_setup, django_db_blocker, bao, tmp_path_factory):
-    """One worker of two processes for the module: it reads the events and runs the workflows."""
+def slack(tmp_path_factory):
+    """The Slack stand-in's chat.postMessage, with a #puppet channel and a bot token it knows."""
+    standin = SlackStandIn(tmp_path_factory.mktemp("slack"))
+    standin.tokens.add(SLACK_TOKEN)
+    standin.channels["C0PUPPET01"] = "puppet"
+    yield standin
+    standin.close()
+
+
+@pytest.fixture(scope="module")
+def worker(django_db_setup, django_db_blocker, bao, slack, tmp_path_factory):
+    """One worker of two processes for the module: it reads the events and runs the workflows,
+    and its Slack step posts to the stand-in (test-only settings, which no environment
+    variable sets: a settings module of the tests' own)."""
     clear_queues(redis.Redis.from_url(settings.CELERY_BROKER_URL))  # earlier modules' messages
+    directory = tmp_path_factory.mktemp("settings")
+    (directory / "slack_standin_settings.py").write_text(
+        "from tests.settings import *  # noqa: F403\n"
+        f"SLACK_API_URL = 'https://localhost:{slack.port}/api'\n"
+        "SLACK_API_ALLOW_LOOPBACK = True\n"
+        f"SLACK_CA_BUNDLE = {str(slack.ca)!r}\n"
+    )
     with django_db_blocker.unblock():
         process = EngineWorker(
             tmp_path_factory.mktemp("triggers") / "worker.log",
             concurrency=2,
             VAULT_ADDR=bao.addr,
             VAULT_TOKEN=bao.root().token,
+            DJANGO_SETTINGS_MODULE="slack_standin_settings",
+            PYTHONPATH=os.pathsep.join(filter(None, [str(directory), os.environ.get("PYTHONPATH")])),
         )
     yield process
     process.stop()
@@ -442,24 +469,65 @@ def test_a_real_puppet_run_binds_the_same_values_every_way_it_comes(
     assert list(bound["yaml"]["resourceStatuses"]) == [f"File[{target}]"]
 
 
-def test_the_readme_s_worked_example_binds_the_host_and_the_changed_resources(worker, api):
+def readme_example() -> str:
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     [source] = [
         block
         for block in re.findall(r"```yaml\n(.*?)```", readme, re.DOTALL)
         if "relaysh/slack-step-message-send" in block and "type: push" in block
     ]
-    token = create(api, source, "tell-slack")["triggers"][0]["token"]
+    return source
+
+
+def test_the_readme_s_worked_example_tells_slack_what_a_push_body_says_changed(worker, api, slack):
+    made = api.post("/api/connections/slack/", {"name": "ops-slack", "token": SLACK_TOKEN}, format="json")
+    assert made.status_code == 201, made.content
+    token = create(api, readme_example(), "tell-slack")["triggers"][0]["token"]
+    posted = len(slack.posted())
     event = ended(send(token, motd(noop=False, pending=False)))
     run = finished(WorkflowRun.objects.get(event=event))
     assert run.parameters == {
         "host": "web1.example.com",
         "changes": motd(noop=False, pending=False)["resource_statuses"],
     }
-    assert steps_of(run)["tell-slack"].image == "relaysh/slack-step-message-send"
+    assert run.outcome == "success", run.message
+    [message] = slack.posted()[posted:]
+    assert message["channel"] == "#puppet"
+    assert message["text"].startswith("Puppet changed web1.example.com: {")
+    assert '"File[/etc/motd]": {' in message["text"] and '"change_count": 1' in message["text"]
     # A noop run with changes pending: the example's `when` leaves it alone.
     pending = ended(send(token, motd(noop=True, pending=True)))
-    assert pending.workflow_start == "skipped"
+    assert pending.workflow_start == "skipped" and len(slack.posted()) == posted + 1
+
+
+@pytest.mark.skipif(shutil.which("puppet") is None, reason="puppet-agent is not installed")
+def test_the_readme_s_worked_example_tells_slack_what_a_real_puppet_run_changed(
+    worker, api, slack, live_server, tmp_path, monkeypatch
+):
+    """The RFC's first workflow end to end: one `puppet apply` sends its YAML report with
+    Puppet's http processor, and the module's push body and the JSON report with a
+    processor that does what the module's does; each starts the workflow, which posts."""
+    api.post("/api/connections/slack/", {"name": "ops-slack", "token": SLACK_TOKEN}, format="json")
+    tokens = {way: create(api, readme_example(), f"tell-{way}")["triggers"][0]["token"] for way in WAYS}
+    url = f"http://127.0.0.1:{urlparse(live_server.url).port}/api/events"
+    monkeypatch.setenv("RELAY_TEST_EVENTS_URL", url)
+    monkeypatch.setenv("RELAY_TEST_PUSH_TOKEN", tokens["push"])
+    monkeypatch.setenv("RELAY_TEST_JSON_TOKEN", tokens["json"])
+    install_module_like_processor(tmp_path)
+    target = tmp_path / "motd"
+    posted = len(slack.posted())
+    reporturl = url.replace("http://", f"http://x:{tokens['yaml']}@")
+    manifest = f"file {{ '{target}': content => \"{uuid.uuid4()}\\n\" }}\n"
+    run = puppet_apply(tmp_path, manifest, "--reports=http,relaytest", f"--reporturl={reporturl}")
+    assert run.returncode == 2, run.stdout + run.stderr
+    names = [f"tell-{way}" for way in WAYS]
+    wait_until(
+        lambda: WorkflowRun.objects.filter(workflow__name__in=names, status="complete").count() == 3, 60
+    )
+    assert [run.outcome for run in WorkflowRun.objects.filter(workflow__name__in=names)] == ["success"] * 3
+    messages = [m["text"] for m in slack.posted()[posted:]]
+    assert len(messages) == 3 and len(set(messages)) == 1  # the same message, whichever way it came
+    assert f'"File[{target}]": {{' in messages[0]
 
 
 def test_the_admin_makes_a_workflow_s_push_triggers_and_shows_no_token(staff, bao):
