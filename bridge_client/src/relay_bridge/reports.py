@@ -92,6 +92,21 @@ def fetch_script(puppet: str, max_bytes: int, sudo: list[str] | None = None) -> 
     )
 
 
+def job_reading(job_id: str, max_bytes: int) -> dict[str, Any]:
+    """What a job's handle keeps of its reports: the job id they carry and how much of one
+    its command prints (a resumed job reads what its command printed, whatever the
+    configuration says now)."""
+    return {"job_id": job_id, "report_max_bytes": max_bytes if job_id else 0}
+
+
+def reading_of(handle: dict[str, Any]) -> tuple[str, int]:
+    """(job id, report_max_bytes) from a handle job_reading wrote; ("", 0) from another."""
+    job_id, max_bytes = handle.get("job_id"), handle.get("report_max_bytes")
+    if not isinstance(job_id, str) or not job_id or not isinstance(max_bytes, int) or max_bytes <= 0:
+        return "", 0
+    return job_id, max_bytes
+
+
 def split_output(output: bytes) -> tuple[bytes, bytes | None]:
     """(what Puppet printed, the report's bytes or None when the node printed none)."""
     start = output.rfind(REPORT_MARK)

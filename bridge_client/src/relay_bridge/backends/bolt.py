@@ -135,13 +135,8 @@ class BoltBackend:
         with private_file(inventory) as sink:
             sink.write(json.dumps(self.inventory()))  # JSON is YAML
         job_id = str(run["id"]) if self.report_max_bytes and "--job-id" in puppet_flags(run) else ""
-        return BoltJob(
-            self.argv(nodes, command, inventory),
-            nodes,
-            workdir,
-            job_id=job_id,
-            report_max_bytes=self.report_max_bytes,
-        )
+        reading = reports.job_reading(job_id, self.report_max_bytes)
+        return BoltJob(self.argv(nodes, command, inventory), nodes, workdir, reading=reading)
 
     def attach(self, handle: dict[str, Any], workdir: Path) -> BoltJob:
         """The Bolt of a run this bridge held before it restarted: watched if it still runs,
@@ -151,15 +146,8 @@ class BoltBackend:
         check_certnames(handle["nodes"])
         if not process_alive(handle.get("pid"), b"bolt") and _items(workdir / "bolt.json") is None:
             raise RunError("Bolt ended while the bridge was down and left no results.")
-        job_id = str(handle.get("job_id") or "") if self.report_max_bytes else ""
-        return BoltJob(
-            None,
-            handle["nodes"],
-            workdir,
-            pid=handle.get("pid"),
-            job_id=job_id,
-            report_max_bytes=self.report_max_bytes,
-        )
+        reading = reports.job_reading(*reports.reading_of(handle))
+        return BoltJob(None, handle["nodes"], workdir, pid=handle.get("pid"), reading=reading)
 
 
 class BoltJob:
@@ -171,13 +159,13 @@ class BoltJob:
         nodes: list[str],
         workdir: Path,
         pid: int | None = None,
-        job_id: str = "",
-        report_max_bytes: int = 0,
+        reading: dict[str, Any] | None = None,
     ) -> None:
         """Start Bolt with `argv`, or (after a bridge restart) watch the Bolt running as `pid`.
-        `job_id`: the job id of this run's reports ("": they are not read)."""
+        `reading`: the job id of this run's reports and how much of one the command prints
+        (reports.job_reading; none: reports are not read)."""
         self.nodes = nodes
-        self.report_job_id, self.report_max_bytes = job_id, report_max_bytes
+        self.reading = reading or reports.job_reading("", 0)
         self.output = workdir / "bolt.json"
         self.errors = workdir / "bolt.err"
         self.started = time.monotonic()
@@ -197,7 +185,7 @@ class BoltJob:
         threading.Thread(target=self._reap, daemon=True).start()
 
     def handle(self) -> dict[str, Any]:
-        return {"kind": "bolt", "pid": self.pid, "nodes": self.nodes, "job_id": self.report_job_id}
+        return {"kind": "bolt", "pid": self.pid, "nodes": self.nodes, **self.reading}
 
     def _reap(self) -> None:
         if self.proc is not None:
@@ -226,10 +214,8 @@ class BoltJob:
             return "error", {"result": {"msg": msg}}
         by_target = {item.get("target"): item for item in items if isinstance(item, dict)}
         duration = time.monotonic() - self.started
-        max_bytes = self.report_max_bytes if self.report_job_id else 0
-        nodes = [
-            _node(name, by_target.get(name), duration, self.report_job_id, max_bytes) for name in self.nodes
-        ]
+        job_id, max_bytes = reports.reading_of(self.reading)
+        nodes = [_node(name, by_target.get(name), duration, job_id, max_bytes) for name in self.nodes]
         return outcome_of(nodes), {"nodes": [n.as_json() for n in nodes]}
 
 

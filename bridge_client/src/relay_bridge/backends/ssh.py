@@ -122,7 +122,10 @@ class SshBackend:
         nodes = nodes_of(run, "ssh")  # certnames only: never an option ssh would read
         command = self.puppet_command(run)
         make_dir(workdir)
-        return SshJob(self, nodes, command, workdir, job_id=self._job_id(run))
+        job_id = str(run["id"]) if self.report_max_bytes and "--job-id" in puppet_flags(run) else ""
+        return SshJob(
+            self, nodes, command, workdir, reading=reports.job_reading(job_id, self.report_max_bytes)
+        )
 
     def attach(self, handle: dict[str, Any], workdir: Path) -> SshJob:
         """The nodes of a run this bridge held before it restarted: finished ones from their
@@ -130,12 +133,9 @@ class SshBackend:
         if handle.get("kind") != "ssh" or not isinstance(handle.get("nodes"), list):
             raise RunError("The bridge's record of this run's SSH work is unreadable.")
         check_certnames(handle["nodes"])
-        job_id = str(handle.get("job_id") or "")
-        return SshJob(self, handle["nodes"], str(handle["command"]), workdir, resume=True, job_id=job_id)
-
-    def _job_id(self, run: dict[str, Any]) -> str:
-        """The job id the reports of this run carry ("": reports are not read)."""
-        return str(run["id"]) if self.report_max_bytes and "--job-id" in puppet_flags(run) else ""
+        job_id, max_bytes = reports.reading_of(handle)
+        reading = reports.job_reading(job_id, max_bytes)
+        return SshJob(self, handle["nodes"], str(handle["command"]), workdir, resume=True, reading=reading)
 
 
 # Each node's ssh runs under a small shell that records its pid and, when ssh ends, ssh's
@@ -157,9 +157,12 @@ class SshJob:
         command: str,
         workdir: Path,
         resume: bool = False,
-        job_id: str = "",
+        reading: dict[str, Any] | None = None,
     ) -> None:
-        self.backend, self.command, self.workdir, self.report_job_id = backend, command, workdir, job_id
+        """`reading`: the job id of this run's reports and how much of one the command prints
+        (reports.job_reading; none: reports are not read)."""
+        self.backend, self.command, self.workdir = backend, command, workdir
+        self.reading = reading or reports.job_reading("", 0)
         self.nodes = nodes
         self.results: dict[str, NodeResult] = {}
         self._running: dict[str, int] = {}  # node -> pid of its shell (its process group)
@@ -186,7 +189,7 @@ class SshJob:
             threading.Thread(target=self._work, name=f"ssh-{lane}", daemon=True).start()
 
     def handle(self) -> dict[str, Any]:
-        return {"kind": "ssh", "nodes": self.nodes, "command": self.command, "job_id": self.report_job_id}
+        return {"kind": "ssh", "nodes": self.nodes, "command": self.command, **self.reading}
 
     def wait(self, timeout: float) -> bool:
         return self._done.wait(timeout)
@@ -281,7 +284,7 @@ class SshJob:
 
     def _judge(self, number: int, node: str, duration: float) -> NodeResult:
         prefix = self._prefix(number)
-        max_bytes = self.backend.report_max_bytes if self.report_job_id else 0
+        job_id, max_bytes = reports.reading_of(self.reading)
         tail, report = _read_output(Path(f"{prefix}.log"), max_bytes)
         try:
             code = int(Path(f"{prefix}.rc").read_text().strip())
@@ -292,7 +295,7 @@ class SshJob:
         if code == UNREACHABLE:
             return NodeResult(node, "failed", code, "could not connect or log in over SSH", duration, tail)
         state = "finished" if code in GOOD_EXITS else "failed"
-        changes = reports.node_changes(report, self.report_job_id, max_bytes) if max_bytes else {}
+        changes = reports.node_changes(report, job_id, max_bytes) if max_bytes else {}
         return NodeResult(node, state, code, meaning_of(code), duration, tail, changes=changes)
 
 
