@@ -282,6 +282,7 @@ def test_tags_construct_nothing_and_are_read_as_plain_data(tmp_path, value, plai
         b"- " * 1_000_000 + b"x",
         b"job_id: job-1\nresource_statuses:\n  x:\n    events:\n    - desired_value: " + b"[" * 200_000,
     ],
+    ids=["flow-sequences", "flow-mappings", "block-sequences", "in-a-value"],
 )
 def test_deep_nesting_ends_the_read_at_once(document):
     started = time.monotonic()
