@@ -66,15 +66,19 @@ def summarise(results: Any) -> Any:
 
 def _describe(value: Any, size: int | None = None) -> dict[str, Any]:
     """A large value in a few words: its kind and size, and for a list of node items (the
-    bridges' and the PE orchestrator's results) how many are in each state."""
+    bridges' and the PE orchestrator's results) how many are in each state and, when the
+    bridge read their reports, how many have changes pending and how many could not say."""
     size = len(encode(value)) if size is None else size
     if isinstance(value, list):
         described: dict[str, Any] = {"omitted": "list", "items": len(value), "bytes": size}
-        states = Counter(
-            item["state"] for item in value if isinstance(item, dict) and isinstance(item.get("state"), str)
-        )
+        items = [item for item in value if isinstance(item, dict)]
+        states = Counter(item["state"] for item in items if isinstance(item.get("state"), str))
         if states:
             described["states"] = dict(states.most_common(20))
+        pending = Counter(item["changes_pending"] for item in items if "changes_pending" in item)
+        if pending:
+            described["changes_pending"] = pending[True]
+            described["changes_unknown"] = sum(n for key, n in pending.items() if not isinstance(key, bool))
         return described
     if isinstance(value, dict):
         return {"omitted": "object", "keys": len(value), "bytes": size}

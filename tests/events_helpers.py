@@ -226,3 +226,66 @@ def clear_queues(client, prefix: str | None = None) -> None:
         prefix = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("global_keyprefix", "")
     for key in client.scan_iter(match=f"{prefix}*"):
         client.delete(key)
+
+
+# A report processor of the tests' own, installed into a `puppet_apply` work directory: it
+# sends what the Puppet module's report processor (puppetlabs-relay 2.x) sends, built the same
+# way from the live report (its `{"data": ...}` push body), and Puppet's own JSON form of the
+# report, each with its trigger's token (from the environment: RELAY_TEST_EVENTS_URL,
+# RELAY_TEST_PUSH_TOKEN, RELAY_TEST_JSON_TOKEN). Use it as `--reports=http,relaytest`.
+MODULE_LIKE_PROCESSOR = """\
+require 'json'
+require 'net/http'
+require 'puppet'
+
+Puppet::Reports.register_report(:relaytest) do
+  desc 'The module push body and the JSON report, for the tests.'
+
+  def process
+    url = URI(ENV.fetch('RELAY_TEST_EVENTS_URL'))
+    # The module sends nothing for a run that changed nothing, unless noop left changes pending.
+    unless status == 'unchanged' && !noop_pending
+      changed = resource_statuses.reject do |_, s|
+        s.skipped || (s.change_count.zero? && s.out_of_sync_count.zero?)
+      end
+      data = {
+        host: host,
+        noop: noop,
+        status: status,
+        time: time.iso8601,
+        configuration_version: configuration_version,
+        transaction_uuid: transaction_uuid,
+        code_id: code_id,
+        summary: summary,
+        resource_statuses: changed.transform_values { |s|
+          {
+            resource_type: s.resource_type,
+            title: s.title,
+            change_count: s.change_count,
+            out_of_sync_count: s.out_of_sync_count,
+            containment_path: s.containment_path,
+            corrective_change: s.corrective_change,
+          }
+        },
+      }
+      send_to(url, ENV.fetch('RELAY_TEST_PUSH_TOKEN'), { data: data }.to_json)
+    end
+    send_to(url, ENV.fetch('RELAY_TEST_JSON_TOKEN'), Puppet::Util::Json.dump(to_data_hash))
+  end
+
+  def send_to(url, token, body)
+    headers = { 'Content-Type' => 'application/json', 'Authorization' => "Bearer #{token}" }
+    request = Net::HTTP::Post.new(url, headers)
+    request.body = body
+    response = Net::HTTP.start(url.host, url.port) { |http| http.request(request) }
+    raise "#{url}: #{response.code} #{response.body}" unless response.code == '202'
+  end
+end
+"""
+
+
+def install_module_like_processor(workdir: Path) -> None:
+    """Into `puppet_apply`'s libdir ($vardir/lib), where Puppet looks for report processors."""
+    reports = workdir / "state" / "lib" / "puppet" / "reports"
+    reports.mkdir(parents=True, exist_ok=True)
+    (reports / "relaytest.rb").write_text(MODULE_LIKE_PROCESSOR)

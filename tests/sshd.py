@@ -15,11 +15,15 @@ from tests.bao import free_port
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
 # A `puppet` for the nodes when the test is about the bridge, not Puppet: it records its
-# arguments and pid, sleeps FAKE_PUPPET_SLEEP seconds and exits FAKE_PUPPET_EXIT.
+# arguments and pid, prints the file FAKE_PUPPET_PRINT names, sleeps FAKE_PUPPET_SLEEP
+# seconds and exits FAKE_PUPPET_EXIT. Asked for its `lastrunreport`, it names
+# FAKE_PUPPET_REPORT (nothing when unset), without counting that as a run.
 FAKE_PUPPET = """#!/bin/sh
+if [ "$1" = config ]; then echo "${FAKE_PUPPET_REPORT:-}"; exit 0; fi
 log="${FAKE_PUPPET_LOG:-/dev/null}"
 echo "start $(date +%s.%N) $$ ${FAKE_PUPPET_NODE:-} $*" >> "$log"
 echo "Notice: fake puppet on ${FAKE_PUPPET_NODE:-node} with $*"
+[ -n "${FAKE_PUPPET_PRINT:-}" ] && cat "$FAKE_PUPPET_PRINT"
 sleep "${FAKE_PUPPET_SLEEP:-0}"
 echo "end $(date +%s.%N) $$ ${FAKE_PUPPET_NODE:-}" >> "$log"
 exit "${FAKE_PUPPET_EXIT:-0}"

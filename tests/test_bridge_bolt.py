@@ -97,7 +97,9 @@ def test_the_command_line_and_the_password_kept_off_it(tmp_path, puppet, monkeyp
 
     [call] = [json.loads(line) for line in bolt_log.read_text().splitlines()]
     argv = call["argv"]
-    assert argv[:3] == ["command", "run", f"{puppet} agent -t --noop --debug --environment staging"]
+    agent = f"{puppet} agent -t --noop --debug --environment staging --job-id {run_on([])['id']}"
+    assert argv[:2] == ["command", "run"]
+    assert argv[2].startswith(f"sh -c '{agent} 2>&1; rc=$?; f=$({puppet} config print lastrunreport")
     assert argv[3:] == [
         "--targets",
         "web1,web2",
@@ -119,6 +121,33 @@ def test_the_command_line_and_the_password_kept_off_it(tmp_path, puppet, monkeyp
         },
     }
     assert stat.S_IMODE(os.stat(tmp_path / "inventory.yaml").st_mode) == 0o600
+
+
+def test_each_target_s_last_run_report_comes_back_through_bolt(tmp_path, puppet, monkeypatch, bolt_log):
+    run = run_on(["a", "b"], noop=True)
+    fixture = Path(__file__).parent.parent / "bridge_client/tests/fixtures/reports/puppet-7.23-noop.yaml"
+    report = tmp_path / "report.yaml"
+    report.write_text(fixture.read_text().replace("job_id: relay-abc123", f"job_id: {run['id']}"))
+    targets(monkeypatch, {"a": {"FAKE_PUPPET_REPORT": str(report)}, "b": {}})
+    backend = BoltBackend({"bolt_path": STANDIN, "node_puppet_path": str(puppet)})
+    outcome, nodes = finish(backend.start(run, tmp_path))
+
+    assert outcome == "finished"
+    assert (nodes["a"]["changes_pending"], nodes["a"]["resources_total"]) == (True, 3)
+    assert [r["title"] for r in nodes["a"]["resources"]] == [
+        "/srv/relay-e2e/target",
+        "/srv/relay-e2e/newfile",
+        "hello",
+    ]
+    assert (
+        nodes["a"]["output"].strip() == f"Notice: fake puppet on a with agent -t --noop --job-id {run['id']}"
+    )
+    assert nodes["b"]["report_error"] == "The node printed no last run report (see the output)."
+
+
+def test_over_winrm_puppet_runs_as_it_did_and_no_report_is_read(tmp_path, puppet):
+    backend = BoltBackend({"bolt_path": STANDIN, "node_puppet_path": "puppet", "transport": "winrm"})
+    assert backend.command(run_on(["a"])) == f"puppet agent -t --no-noop --job-id {run_on([])['id']}"
 
 
 def test_bolt_that_gives_no_results_is_an_error_saying_so(tmp_path, puppet):

@@ -6,6 +6,7 @@ node reached over a real sshd, the project's web server (gunicorn on PostgreSQL)
 The data these tests make is committed (gunicorn is another process), so the module makes
 its owner once and deletes it (and with it connection, runs, trigger, events) at the end."""
 
+import hashlib
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ import pytest
 import requests
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.core.files.storage import storages
 from relay_bridge.api import RelayClient
 
 from puppet_connection.models import PuppetConnection
@@ -29,6 +31,7 @@ from tests.conftest import point_vault_at
 from tests.puppetserver import PuppetServer
 from triggers import services
 from triggers.models import Event, Trigger
+from triggers.objects import body_name
 
 pytestmark = pytest.mark.django_db
 ROOT = Path(__file__).resolve().parent.parent
@@ -158,6 +161,20 @@ def test_a_workflow_run_reaches_puppet_agent_over_ssh_and_finishes(world):
     assert (event.host, event.status, event.state) == (world.certname, "changed", "matched")
     assert [r["title"] for r in event.summary["resources"]] == [str(target)]
 
+    # Puppet put the run's id (--job-id) into the report it sent puppetserver.
+    with storages["events"].open(body_name(event.body_sha256), "rb") as body:
+        assert f"\njob_id: {run.id}\n".encode() in body.read()
+    # The node's last run report, read after Puppet over the same SSH connection, is the
+    # very report puppetserver sent (the same transaction), and says what changed.
+    assert node["report"]["transaction_uuid"] == event.transaction_uuid
+    assert node["report"]["status"] == "changed"
+    assert node["changes_pending"] is False
+    [resource] = node["resources"]
+    assert (resource["type"], resource["title"]) == ("File", str(target))
+    assert resource["changes"] == [
+        {"property": "ensure", "from": "absent", "to": "file", "status": "success"}
+    ]
+
 
 def test_a_manifest_with_a_failing_resource_ends_failed(world):
     world.puppetserver.manifest("node default { exec { 'refuse': command => '/bin/false' } }")
@@ -171,16 +188,52 @@ def test_a_manifest_with_a_failing_resource_ends_failed(world):
     assert "refuse" in node["output"]
 
 
-def test_a_noop_run_changes_nothing_on_disk(world):
+def test_a_noop_run_changes_nothing_on_disk_and_says_what_a_real_run_would_change(world):
     target = world.workdir / "noop-target"
     target.write_text("as it was")
-    world.puppetserver.manifest(f"node default {{ file {{ '{target}': content => 'as Puppet wants it' }} }}")
+    created = world.workdir / "noop-created"
+    world.puppetserver.manifest(
+        f"node default {{ file {{ '{target}': content => 'as Puppet wants it' }}"
+        f" file {{ '{created}': ensure => file, content => 'new' }} }}"
+    )
 
     code, outputs, run = step_and_poll(world, "noop", "--noop")
 
+    # Puppet exits 0 in noop with changes pending: the exit code cannot tell them apart.
     assert (code, outputs["outcome"]) == (0, "finished")
-    assert target.read_text() == "as it was"
-    assert "(noop)" in run.run_results["nodes"][0]["output"]
+    assert target.read_text() == "as it was" and not created.exists()
+    [node] = run.run_results["nodes"]
+    assert node["exit_code"] == 0
+    assert "(noop)" in node["output"]
+    assert node["changes_pending"] is True
+    assert node["report"]["noop"] is True
+    assert node["resources_total"] == 2
+    content, ensure = node["resources"]
+    assert (content["type"], content["title"]) == ("File", str(target))
+    sha256 = hashlib.sha256
+    assert content["changes"] == [
+        {
+            "property": "content",
+            "from": "{sha256}" + sha256(b"as it was").hexdigest(),
+            "to": "{sha256}" + sha256(b"as Puppet wants it").hexdigest(),
+            "status": "noop",
+        }
+    ]
+    assert (ensure["type"], ensure["title"]) == ("File", str(created))
+    assert ensure["changes"] == [{"property": "ensure", "from": "absent", "to": "file", "status": "noop"}]
+
+
+def test_a_noop_run_with_nothing_to_change_says_no_changes_are_pending(world):
+    target = world.workdir / "in-sync-file"
+    target.write_text("already so")
+    world.puppetserver.manifest(f"node default {{ file {{ '{target}': content => 'already so' }} }}")
+
+    code, outputs, run = step_and_poll(world, "in-sync", "--noop")
+
+    assert (code, outputs["outcome"]) == (0, "finished")
+    [node] = run.run_results["nodes"]
+    assert (node["changes_pending"], node["resources_total"], node["resources"]) == (False, 0, [])
+    assert node["report"]["noop"] is True and node["report"]["status"] == "unchanged"
 
 
 def test_serve_picks_up_a_new_run_through_the_long_poll_in_under_a_second(world):
@@ -194,7 +247,7 @@ def test_serve_picks_up_a_new_run_through_the_long_poll_in_under_a_second(world)
         run = completed(run_id, timeout=120)
         accepted = RunTransition.objects.get(run_id=run_id, to_status="accepted").at
         assert (accepted - run.created_at).total_seconds() < 1.0
-        assert run.outcome == "finished"
+        assert run.outcome == "finished", run.run_results
         assert run.run_results["nodes"][0]["exit_code"] == 0
     finally:
         server.send_signal(signal.SIGTERM)

@@ -29,6 +29,7 @@ from tests.standins.orchestrator import Orchestrator
 
 pytestmark = pytest.mark.django_db(transaction=True)
 BOLT = str(Path(__file__).parent / "standins" / "bolt")
+REPORTS = Path(__file__).resolve().parent.parent / "bridge_client" / "tests" / "fixtures" / "reports"
 
 
 def kill(server: subprocess.Popen) -> None:
@@ -90,20 +91,30 @@ def test_ssh_a_killed_bridge_re_attaches_to_the_running_node_and_finishes(servic
 
 
 def test_ssh_a_node_that_ended_while_the_bridge_was_down_is_read_from_its_files(service, sshd, tmp_path):
-    calls = tmp_path / "calls"
+    calls, report = tmp_path / "calls", tmp_path / "report.yaml"
     node = {"FAKE_PUPPET_SLEEP": "1", "FAKE_PUPPET_EXIT": "6", "FAKE_PUPPET_LOG": str(calls)}
-    config = bridge_config(tmp_path, service, sshd, {"a": node}, heartbeat=0.3)
+    config = bridge_config(
+        tmp_path, service, sshd, {"a": {**node, "FAKE_PUPPET_REPORT": str(report)}}, heartbeat=0.3
+    )
     log = tmp_path / "bridge.log"
     server = serve(config, log)
-    run_id = service.client.create_run({"scope": {"nodes": ["a"]}})["id"]
+    run_id = service.client.create_run({"scope": {"nodes": ["a"]}, "noop": True})["id"]
+    # The node's last run report, as Puppet writes it when the run ends (after its sleep).
+    report.write_text((REPORTS / "puppet-7.23-noop.yaml").read_text().replace("relay-abc123", run_id))
     in_progress(run_id)
     kill(server)
     wait_for(lambda: calls.exists() and len(calls.read_text().splitlines()) == 2, 20, "Puppet to end")
     time.sleep(0.3)
 
+    # Restarted without reading reports: the report the node printed for this run is read.
+    text = config.read_text()
+    config.write_text(text + "backend_ssh_report_max_bytes: 0\n")
     run = restart_until_complete(config, log, run_id)
     assert run.outcome == "failed"
-    assert run.run_results["nodes"][0]["exit_code"] == 6
+    [node] = run.run_results["nodes"]
+    assert node["exit_code"] == 6
+    assert (node["changes_pending"], node["resources_total"]) == (True, 3)
+    assert "relay-bridge:" not in node["output"]
 
 
 def test_bolt_a_killed_bridge_re_attaches_to_bolt_and_finishes(service, tmp_path, monkeypatch):

@@ -1,19 +1,23 @@
 """The bridge's SSH backend against a real OpenSSH server, with a stand-in `puppet` on the
 "nodes" (ssh config aliases of that server) that exits as each node is told to."""
 
+import base64
 import time
 from pathlib import Path
 
 import pytest
+from relay_bridge import reports
 from relay_bridge.backends import RunError, choose
 from relay_bridge.backends.ssh import SshBackend
 from relay_bridge.config import Config, ConfigError
 
 from tests.sshd import Sshd, alive
 
+RUN_ID = "00000000-0000-0000-0000-000000000001"
+
 
 def run_on(nodes: list[str], **fields) -> dict:
-    return {"id": "00000000-0000-0000-0000-000000000001", "type": "run", "scope": {"nodes": nodes}, **fields}
+    return {"id": RUN_ID, "type": "run", "scope": {"nodes": nodes}, **fields}
 
 
 def finish(job, timeout: float = 30) -> tuple[str, dict]:
@@ -46,7 +50,10 @@ def test_every_exit_code_is_judged_as_the_contract_says(sshd, tmp_path):
     assert results["exit-6"]["meaning"] == "changes applied and some resources failed"
     assert "another run" in results["exit-1"]["meaning"]
     # The tail of what the node printed, without the bridge's own pid line.
-    assert results["exit-4"]["output"] == "Notice: fake puppet on exit-4 with agent -t --no-noop"
+    assert (
+        results["exit-4"]["output"]
+        == f"Notice: fake puppet on exit-4 with agent -t --no-noop --job-id {RUN_ID}"
+    )
     assert all(r["duration"] > 0 for r in results.values())
 
 
@@ -94,11 +101,11 @@ def test_a_node_name_that_is_not_a_certname_is_refused_before_anything_runs(sshd
 @pytest.mark.parametrize(
     ("fields", "flags"),
     [
-        ({"noop": True}, "agent -t --noop"),
-        ({"noop": False}, "agent -t --no-noop"),
+        ({"noop": True}, f"agent -t --noop --job-id {RUN_ID}"),
+        ({"noop": False}, f"agent -t --no-noop --job-id {RUN_ID}"),
         (
             {"noop": False, "debug": True, "trace": True, "evaltrace": True, "environment": "staging"},
-            "agent -t --no-noop --debug --trace --evaltrace --environment staging",
+            f"agent -t --no-noop --debug --trace --evaltrace --environment staging --job-id {RUN_ID}",
         ),
     ],
 )
@@ -200,9 +207,105 @@ def test_the_ssh_command_line(tmp_path):
     assert argv[-3:] == ["--", "web1.example.com", "true"]
     assert ["-l", "deploy"] == argv[argv.index("-l") : argv.index("-l") + 2]
     assert "IdentitiesOnly=yes" in argv and "A=b" in argv and "2222" in argv
-    assert (
-        backend.puppet_command({"noop": True}) == 'echo "relay-bridge: pid $$"; exec puppet agent -t --noop'
+    assert backend.puppet_command(run_on(["a"], noop=True)) == (
+        "sh -c 'sh -c '\"'\"'echo \"relay-bridge: pid $$\"; "
+        f"exec puppet agent -t --noop --job-id {RUN_ID} 2>&1'\"'\"'; rc=$?; "
+        "f=$(puppet config print lastrunreport --section agent 2>/dev/null); "
+        "echo '\"'\"'relay-bridge: last run report'\"'\"'; "
+        '[ -n "$f" ] && head -c 16777217 -- "$f" 2>/dev/null | base64; '
+        "echo '\"'\"'relay-bridge: end of report'\"'\"'; exit $rc'"
     )
     sudo = SshBackend({"sudo": True, "node_puppet_path": "/opt/puppetlabs/bin/puppet"})
-    assert sudo.puppet_command({}).endswith("exec sudo -n /opt/puppetlabs/bin/puppet agent -t --no-noop")
+    command = sudo.puppet_command(run_on(["a"]))
+    assert f"exec sudo -n /opt/puppetlabs/bin/puppet agent -t --no-noop --job-id {RUN_ID} 2>&1" in command
+    assert "f=$(sudo -n /opt/puppetlabs/bin/puppet config print lastrunreport --section agent" in command
+    assert 'sudo -n head -c 16777217 -- "$f"' in command
+    # Without reports, Puppet takes the shell's place, as it always did.
+    plain = SshBackend({"report_max_bytes": 0})
+    assert plain.puppet_command(run_on(["a"])) == (
+        f'echo "relay-bridge: pid $$"; exec puppet agent -t --no-noop --job-id {RUN_ID}'
+    )
     assert Path(backend.client).name == "ssh"
+
+
+REPORTS = Path(__file__).resolve().parent.parent / "bridge_client" / "tests" / "fixtures" / "reports"
+
+
+def node_report(tmp_path: Path, job_id: str = RUN_ID, name: str = "noop") -> Path:
+    """A last run report real Puppet wrote in noop, as if this run's (its job id)."""
+    path = tmp_path / f"report-{name}-{job_id}.yaml"
+    text = (REPORTS / f"puppet-7.23-{name}.yaml").read_text()
+    path.write_text(text.replace("job_id: relay-abc123", f"job_id: {job_id}"))
+    return path
+
+
+def test_each_node_s_last_run_report_says_what_would_change(sshd, tmp_path):
+    nodes = {"web": {"FAKE_PUPPET_REPORT": str(node_report(tmp_path))}, "db": {}}
+    backend = backend_for(sshd, nodes)
+    outcome, results = finish(backend.start(run_on(["web", "db"], noop=True), tmp_path / "work"))
+
+    assert outcome == "finished"
+    web = results["web"]
+    assert web["changes_pending"] is True
+    assert web["resources_total"] == 3
+    assert web["resources"][0] == {
+        "type": "File",
+        "title": "/srv/relay-e2e/target",
+        "changes": [
+            {
+                "property": "content",
+                "from": "{sha256}369b74f2003ce39f5829ec7a2f84852b72b610d0312c8951d5d8f7316c9902ba",
+                "to": "{sha256}c191cdc9d1cbb23832d2bf4696f83604c66714cafb34e367022962500d9b9652",
+                "status": "noop",
+            },
+            {"property": "mode", "from": "0644", "to": "0640", "status": "noop"},
+        ],
+    }
+    assert web["report"]["transaction_uuid"] == "ceff85f8-f6b8-4c94-8229-79f2f7825618"
+    # The output is what Puppet printed, not the report after it.
+    assert web["output"] == f"Notice: fake puppet on web with agent -t --noop --job-id {RUN_ID}"
+    # A node whose Puppet left no report says so, and that nothing is known.
+    assert (results["db"]["changes_pending"], results["db"]["report_error"]) == (
+        None,
+        "The node printed no last run report (see the output).",
+    )
+
+
+def test_a_report_another_run_left_is_not_taken_for_this_run_s(sshd, tmp_path):
+    other = node_report(tmp_path, job_id="11111111-1111-1111-1111-111111111111")
+    backend = backend_for(sshd, {"a": {"FAKE_PUPPET_REPORT": str(other), "FAKE_PUPPET_EXIT": "1"}})
+    _, results = finish(backend.start(run_on(["a"], noop=True), tmp_path / "work"))
+    assert results["a"]["changes_pending"] is None
+    assert results["a"]["report_error"] == (
+        "The node's last run report is another run's (job id '11111111-1111-1111-1111-111111111111')."
+    )
+
+
+def test_what_puppet_prints_cannot_pose_as_the_report(sshd, tmp_path):
+    """A manifest can make Puppet print anything: marks and a report saying nothing changes."""
+    fake = node_report(tmp_path, name="clean").read_text().replace("job_id: clean-1", f"job_id: {RUN_ID}")
+    fake = fake.replace("noop_pending: true", "noop_pending: false")
+    printed = tmp_path / "printed"
+    printed.write_bytes(
+        reports.REPORT_MARK + base64.encodebytes(fake.encode()) + reports.END_MARK + b"Notice: more\n"
+    )
+    node = {"FAKE_PUPPET_REPORT": str(node_report(tmp_path)), "FAKE_PUPPET_PRINT": str(printed)}
+    backend = backend_for(sshd, {"a": node})
+    _, results = finish(backend.start(run_on(["a"], noop=True), tmp_path / "work"))
+    assert results["a"]["changes_pending"] is True
+    assert results["a"]["resources_total"] == 3
+    assert results["a"]["output"].endswith("relay-bridge: end of report\nNotice: more")
+
+
+def test_a_report_larger_than_report_max_bytes_is_not_read(sshd, tmp_path):
+    backend = backend_for(
+        sshd, {"a": {"FAKE_PUPPET_REPORT": str(node_report(tmp_path))}}, report_max_bytes=1000
+    )
+    _, results = finish(backend.start(run_on(["a"], noop=True), tmp_path / "work"))
+    assert results["a"]["report_error"] == "The node's last run report is larger than 1000 bytes; not read."
+
+
+def test_with_report_max_bytes_0_no_report_is_read(sshd, tmp_path):
+    backend = backend_for(sshd, {"a": {"FAKE_PUPPET_REPORT": str(node_report(tmp_path))}}, report_max_bytes=0)
+    _, results = finish(backend.start(run_on(["a"], noop=True), tmp_path / "work"))
+    assert {"changes_pending", "report_error", "resources"}.isdisjoint(results["a"])

@@ -380,6 +380,21 @@ def test_run_results_over_the_cap_are_stored_and_the_run_keeps_a_summary(token, 
     assert_problem(bridge(str(other)).get(f"{RUNS}/{run['id']}/results"), 404)
 
 
+def test_the_summary_of_stored_results_counts_the_nodes_with_changes_pending(token, settings):
+    """An approver reading a large fleet's summary still sees how many nodes a real run
+    would change, and how many could not say (no report)."""
+    settings.RUN_RESULTS_MAX_BYTES = 10_000
+    run = create_run(token)
+    accept(token, run["id"])
+    results = fleet_results(40)
+    for i, node in enumerate(results["nodes"]):
+        node["changes_pending"] = None if i % 10 == 0 else i % 3 == 0
+    done = put_state(token, run["id"], {"status": "complete", "run_results": results}).json()
+    assert "run_results_stored" in done
+    nodes = done["run_results"]["nodes"]
+    assert (nodes["changes_pending"], nodes["changes_unknown"]) == (12, 4)
+
+
 def test_the_results_endpoint_gives_small_results_too(token):
     run = create_run(token)
     assert_problem(bridge(token).get(f"{RUNS}/{run['id']}/results"), 404)  # none yet

@@ -5,6 +5,7 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.test import Client
 
+from runs.models import Run
 from tests.workflow_helpers import NOOP, make_workflow, steps_of
 from workflows import engine
 from workflows.models import StepRun, Workflow, WorkflowSecret
@@ -118,3 +119,51 @@ def test_without_the_permission_an_approval_is_read_only(waiting):
     assert viewer.post(f"/admin/workflows/approval/{waiting.pk}/reject/").status_code == 403
     waiting.refresh_from_db()
     assert waiting.status == "in-progress"
+
+
+DRY_RUN = """apiVersion: v1
+steps:
+- name: dry-run
+  image: relay-internal/noop
+  spec:
+    outputs:
+      id: {run_id}
+      outcome: finished
+      results:
+        nodes:
+        - name: web-1.example.com
+          changes_pending: true
+          resources:
+          - type: File
+            title: /etc/motd
+            changes:
+            - {{property: content, from: "{{md5}}aaa", to: "{{md5}}bbb"}}
+        - name: web-2.example.com
+          changes_pending: false
+          resources: []
+- name: gate
+  type: approval
+  dependsOn: dry-run
+"""
+
+
+def test_the_approval_shows_what_the_dry_run_would_change_and_the_run_page_links_its_puppet_run(
+    staff, alice, connection
+):
+    puppet_run = Run.create_for(connection[0], {"type": "run", "scope": {"nodes": ["web-1.example.com"]}})
+    workflow = make_workflow(alice, DRY_RUN.format(run_id=puppet_run.pk))
+    run = engine.create_run(workflow, {})
+    engine.start_run(run.pk)
+    engine.start_step(str(steps_of(run)["dry-run"].pk))
+    gate = steps_of(run)["gate"]
+    engine.start_step(str(gate.pk))
+
+    page = logged_in(staff).get(f"/admin/workflows/approval/{gate.pk}/change/").content.decode()
+    assert (
+        "<strong>web-1.example.com</strong>: changes pending<br>File[/etc/motd] content: {md5}aaa → {md5}bbb"
+        in page
+    )
+    assert "<strong>web-2.example.com</strong>: no changes pending" in page
+
+    page = logged_in(staff).get(f"/admin/workflows/workflowrun/{run.pk}/change/").content.decode()
+    assert f'href="/admin/runs/run/{puppet_run.pk}/change/">{puppet_run.pk} (pending)</a>' in page

@@ -1,4 +1,5 @@
 from django.contrib import admin
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 
@@ -8,9 +9,12 @@ from triggers.models import Event, Trigger
 
 @admin.register(Trigger)
 class TriggerAdmin(TokenHolderAdmin):
+    """Triggers of their own and workflows' (named and deleted by the workflow's document)."""
+
     list_display = [
         "name",
         "owner",
+        "workflow",
         "token_prefix",
         "has_slack_webhook",
         "created",
@@ -20,6 +24,7 @@ class TriggerAdmin(TokenHolderAdmin):
     list_filter = ["has_slack_webhook", "created", "last_used"]
     readonly_fields = [
         "id",
+        "workflow",
         "token_prefix",
         "has_slack_webhook",
         "created",
@@ -39,6 +44,19 @@ class TriggerAdmin(TokenHolderAdmin):
         "Use it as the password in Puppet's reporturl (https://any:TOKEN@host/api/events), "
         "or as a Bearer token."
     )
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).select_related("workflow")
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Trigger | None = None) -> list[str]:
+        fields = super().get_readonly_fields(request, obj)
+        return [*fields, "name"] if obj is not None and obj.workflow_id else fields
+
+    def has_delete_permission(self, request: HttpRequest, obj: Trigger | None = None) -> bool:
+        # A workflow's trigger goes when a revision of the workflow no longer declares it.
+        if obj is not None and obj.workflow_id:
+            return False
+        return super().has_delete_permission(request, obj)
 
 
 @admin.register(Event)

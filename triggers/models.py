@@ -19,7 +19,12 @@ class Trigger(tokens.TokenHolder):
 
     The filters choose which reports match; an empty list means "any". The Slack incoming
     webhook URL, when there is one, lives in the trigger's Vault secret (key
-    `slack_webhook_url`), never in this row."""
+    `slack_webhook_url`), never in this row.
+
+    A trigger of a workflow is one that the workflow's document declares (`triggers:` with
+    `source: {type: push}`), named as there: the workflow's revisions make and delete it
+    (workflows.models.Workflow.add_revision), and each event it matches starts a run
+    (workflows.services.start_run_for_event). Its filters and Slack webhook work as for any."""
 
     TOKEN_PREFIX = "rlyt"
     VAULT_KIND = "triggers"
@@ -44,11 +49,30 @@ class Trigger(tokens.TokenHolder):
         help_text="Tags or classes, e.g. profile::web; a changed resource must carry one.",
     )
     has_slack_webhook = models.BooleanField(default=False, editable=False)
+    workflow = models.ForeignKey(
+        "workflows.Workflow",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="push_triggers",
+        editable=False,
+    )
 
     class Meta:
         ordering = ["owner_id", "name"]
         constraints = [
-            models.UniqueConstraint(fields=["owner", "name"], name="unique_trigger_name_per_owner")
+            # A trigger of its own is named uniquely among its owner's; a workflow's, among
+            # that workflow's (as the document names it).
+            models.UniqueConstraint(
+                fields=["owner", "name"],
+                condition=models.Q(workflow__isnull=True),
+                name="unique_trigger_name_per_owner",
+            ),
+            models.UniqueConstraint(
+                fields=["workflow", "name"],
+                condition=models.Q(workflow__isnull=False),
+                name="unique_trigger_name_per_workflow",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -93,6 +117,15 @@ class EventState(models.TextChoices):
 
 
 DONE_STATES = (EventState.MATCHED, EventState.FILTERED, EventState.DUPLICATE, EventState.FAILED)
+
+
+class WorkflowStart(models.TextChoices):
+    """What became of a workflow trigger's matched event (workflows.services)."""
+
+    NONE = "", "none"  # not an event a workflow's trigger matched
+    PENDING = "pending"  # matched; the run is not decided yet
+    STARTED = "started"  # a run was made (its `event` is this one)
+    SKIPPED = "skipped"  # no run: the trigger's `when` was false or could not be decided (see filter_note)
 
 
 class BodyFormat(models.TextChoices):
@@ -150,6 +183,11 @@ class Event(models.Model):
     notification = models.CharField(max_length=16, blank=True)
     notification_detail = models.TextField(blank=True)
     notified_at = models.DateTimeField(null=True, blank=True)
+    # What a workflow trigger's `when` and bindings read as `event` (`!Data host`,
+    # `${event.noop}`): the Puppet module's push body's shape, whichever way the report came
+    # (triggers.reports.event_data); null when it was too large to keep.
+    data = models.JSONField(null=True, blank=True)
+    workflow_start = models.CharField(max_length=16, choices=WorkflowStart.choices, blank=True)
 
     objects = EventQuerySet.as_manager()
 
@@ -169,6 +207,12 @@ class Event(models.Model):
                 for kind in PART_KINDS
             ),
             models.Index(fields=["received_at"], name="event_received_at"),
+            # What the sweeper sends again (triggers.tasks.requeue_received_before).
+            models.Index(
+                fields=["processed_at"],
+                condition=models.Q(workflow_start="pending"),
+                name="event_workflow_start_pending",
+            ),
         ]
         # One read report per (trigger, transaction_uuid) and per (trigger, key): a second is a
         # resend and ends `duplicate`. Enforced here so that two workers cannot both win.
@@ -226,6 +270,18 @@ class Event(models.Model):
     @property
     def out_of_attempts(self) -> bool:
         return self.attempts >= settings.EVENTS_MAX_ATTEMPTS
+
+    # After `matched`, for a workflow's trigger: a compare-and-set from `pending` as well.
+
+    def end_workflow_start(self, outcome: str, note: str = "") -> bool:
+        """pending → started or skipped (with why in filter_note), once. Call in the
+        transaction that makes the run."""
+        fields: dict[str, Any] = {"workflow_start": outcome}
+        if note:
+            fields["filter_note"] = note[:2000]
+        return bool(
+            type(self).objects.filter(pk=self.pk, workflow_start=WorkflowStart.PENDING).update(**fields)
+        )
 
     def delete(self, using: str | None = None, keep_parents: bool = False) -> tuple[int, dict[str, int]]:
         from triggers import objects

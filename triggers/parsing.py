@@ -63,7 +63,7 @@ def canonical_time(value: Any) -> Any:
     """A time as `YYYY-MM-DDTHH:MM:SS.ffffffZ` in UTC: from a datetime, or from an ISO or
     Puppet-style string (nanoseconds are cut to microseconds). Anything else is returned."""
     if isinstance(value, str):
-        parsed = _parse_time(value)
+        parsed = parse_time(value)
         if parsed is None:
             return value
         value = parsed
@@ -77,7 +77,7 @@ def canonical_time(value: Any) -> Any:
 TIME_RE = re.compile(r"^(\d{4}-\d{2}-\d{2})[Tt ](\d{2}:\d{2}:\d{2})(?:\.(\d+))?\s*(Z|z|[+-]\d{2}:?\d{2})?$")
 
 
-def _parse_time(text: str) -> datetime | None:
+def parse_time(text: str) -> datetime | None:
     match = TIME_RE.match(text.strip())
     if match is None:
         return None

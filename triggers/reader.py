@@ -63,6 +63,7 @@ class Part:
 @dataclass
 class Read:
     summary: dict[str, Any]
+    data: dict[str, Any] | None  # what a workflow trigger reads as `event` (reports.event_data)
     key: str
     matched: bool
     filter_note: str  # why it was filtered, or which filter could not judge it
@@ -91,6 +92,7 @@ def read(body: BinaryIO, body_format: str, filters: Filters) -> Read:
             parts[name] = Part(file, meta["size"], meta["sha256"])
         return Read(
             outcome["summary"],
+            outcome["data"],
             outcome["key"],
             outcome["matched"],
             outcome["filter_note"],
@@ -123,6 +125,7 @@ def _read(fd: int, body_format: str, filters: Filters, files: list[BinaryIO]) ->
     matched, filter_note = filters.verdict(analysed.summary, analysed.resources)
     return {
         "summary": parsing.without_nul(analysed.summary),
+        "data": parsing.without_nul(analysed.data),
         "key": parsing.without_nul(analysed.key),
         "matched": matched,
         "filter_note": parsing.without_nul(filter_note),

@@ -1,16 +1,21 @@
-"""From a read document to the event's summary: which report it is, what changed.
+"""From a read document to the event's summary and data: which report it is, what changed.
 
 Reports come in three shapes: a Relay push body `{"data": {...}, "key": ...}` from the
 Puppet module's report processor (a subset of the report), or a whole Puppet report (YAML
 from Puppet's http processor, or JSON), from Puppet 2.6 to 8. Fields old reports lack are
 derived as Puppet itself does (status from the resources, counts from the events).
+
+The event's data (what workflows read as `event`) has the push body's shape whichever way
+the report came: see event_data.
 """
 
 import fnmatch
+import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
-from triggers.parsing import UnreadableReport, canonical_time
+from triggers.parsing import UnreadableReport, canonical_time, parse_time
 
 SUMMARY_FIELDS = (
     "host",
@@ -35,11 +40,14 @@ class Report:
     key: str  # the push body's key ("" when none)
     resources: list[dict[str, Any]]  # changed, out of sync or failed
     summary: dict[str, Any]
+    data: dict[str, Any] | None  # the event's data (event_data); None when it is too large
 
 
-def recognise(document: Any) -> tuple[dict[str, Any], str]:
-    """(the report, the push key) from a read document; UnreadableReport if it is none."""
-    if isinstance(document, dict) and isinstance(document.get("data"), dict) and "host" not in document:
+def recognise(document: Any) -> tuple[dict[str, Any], str, bool]:
+    """(the report, the push key, whether it came in a push body) from a read document;
+    UnreadableReport if it is none."""
+    pushed = isinstance(document, dict) and isinstance(document.get("data"), dict) and "host" not in document
+    if pushed:
         key = document.get("key")
         if key is not None and not isinstance(key, str | int):
             raise UnreadableReport("The push body's key must be a string.")
@@ -50,7 +58,7 @@ def recognise(document: Any) -> tuple[dict[str, Any], str]:
         raise UnreadableReport(f"Not a Puppet report: the document is a {_kind(document)}, not a mapping.")
     if not isinstance(document.get("host"), str) or not document["host"]:
         raise UnreadableReport("Not a Puppet report: it has no host.")
-    return document, key[:255]
+    return document, key[:255], pushed
 
 
 def _kind(value: Any) -> str:
@@ -131,7 +139,8 @@ def _metrics(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def analyse(document: Any) -> Report:
-    report, key = recognise(document)
+    report, key, pushed = recognise(document)
+    received = report  # the event's data is made from it as it came: its times keep their offsets
     report = _times(report)
     every = [_resource(name, status) for name, status in _statuses(report)]
     interesting = [r for r in every if r["changed"] or r["out_of_sync"] or r["failed"]]
@@ -159,7 +168,171 @@ def analyse(document: Any) -> Report:
         {k: v for k, v in r.items() if k != "noop"} for r in interesting[:INLINE_RESOURCES]
     ]
     summary["resources_total"] = len(interesting)
-    return Report(report=report, key=key, resources=interesting, summary=summary)
+    data = event_data(received, pushed, summary["status"])
+    return Report(report=report, key=key, resources=interesting, summary=summary, data=data)
+
+
+# The event's data ------------------------------------------------------------------------------
+#
+# The Puppet module's report processor (puppetlabs-relay 2.x, lib/puppet/reports/relay.rb) sends
+# `{"data": {...}}` with these fields of the report, and in resource_statuses only the resources
+# not skipped that changed or are out of sync (a property that failed to change counts as out
+# of sync; a resource that failed before any property was looked at, or was skipped, is not
+# there), each with these six fields. Published workflows bind these paths (`!Data host`,
+# `!Data resource_statuses`), so a whole report is given the same shape.
+PUSH_FIELDS = (
+    "host",
+    "noop",
+    "status",
+    "time",
+    "configuration_version",
+    "transaction_uuid",
+    "code_id",
+    "summary",
+    "resource_statuses",
+)
+PUSH_RESOURCE_FIELDS = (
+    "resource_type",
+    "title",
+    "change_count",
+    "out_of_sync_count",
+    "containment_path",
+    "corrective_change",
+)
+# Bounds on what the database keeps of it: a run that changed 50,000 files is not 50,000
+# parameters' worth of use to a workflow. Past EVENT_RESOURCES, resource_statuses keeps the
+# first ones and `resource_statuses_total` says how many there were.
+EVENT_RESOURCES = 500
+EVENT_DATA_MAX_BYTES = 1024 * 1024
+# Report#summary's "Run mode": the report processor runs in Puppet Server.
+RUN_MODE = "server"
+
+
+def event_data(report: dict[str, Any], pushed: bool, status: str) -> dict[str, Any] | None:
+    """What a workflow trigger reads as `event`: a push body's `data` as it is, or a whole
+    Puppet report (YAML or JSON) in that shape (`status` as analyse() found it: old reports
+    carry none); resource_statuses capped at EVENT_RESOURCES. None when it is still larger
+    than EVENT_DATA_MAX_BYTES as JSON (only a push body with large fields of its own can be)."""
+    if pushed:
+        data = dict(report)
+        statuses = data.get("resource_statuses")
+    else:
+        statuses = {
+            name: {field: resource[field] for field in PUSH_RESOURCE_FIELDS}
+            for name, resource in _pushed_resources(report)
+        }
+        data = {
+            "host": report["host"],
+            "noop": bool(report.get("noop")),
+            "status": status,
+            "time": ruby_iso8601(report.get("time")),
+            "configuration_version": report.get("configuration_version"),
+            "transaction_uuid": report.get("transaction_uuid"),
+            "code_id": report.get("code_id"),
+            "summary": summary_text(report),
+            "resource_statuses": statuses,
+        }
+    if isinstance(statuses, dict | list) and len(statuses) > EVENT_RESOURCES:
+        kept = list(statuses.items() if isinstance(statuses, dict) else statuses)[:EVENT_RESOURCES]
+        data["resource_statuses"] = dict(kept) if isinstance(statuses, dict) else kept
+        data["resource_statuses_total"] = len(statuses)
+    if len(json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()) > EVENT_DATA_MAX_BYTES:
+        return None
+    return data
+
+
+def _pushed_resources(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The resources the module sends, with its six fields (counts derived for old reports)."""
+    pushed = []
+    for name, status in _statuses(report):
+        resource = _resource(name, status)
+        if status.get("skipped") or not (resource["change_count"] > 0 or resource["out_of_sync_count"] > 0):
+            continue
+        pushed.append(
+            (
+                name,
+                {
+                    "resource_type": resource["type"],
+                    "title": resource["title"],
+                    "change_count": resource["change_count"],
+                    "out_of_sync_count": resource["out_of_sync_count"],
+                    "containment_path": resource["containment_path"],
+                    "corrective_change": resource["corrective_change"],
+                },
+            )
+        )
+    return pushed
+
+
+def ruby_iso8601(value: Any) -> Any:
+    """A report's time as Ruby's Time#iso8601 writes it (the module sends that): whole
+    seconds, the offset the report gave (`2026-11-21T10:00:00+01:00`). A YAML timestamp left
+    unquoted by old Puppets has been read as UTC already, and comes out at `+00:00`."""
+    parsed = parse_time(value) if isinstance(value, str) else None
+    if parsed is None:
+        return value
+    return parsed.replace(microsecond=0).isoformat()
+
+
+def summary_text(report: dict[str, Any], now: float | None = None) -> str:
+    """Report#summary, the text the module sends as `summary`: each metric's values under its
+    label, in Puppet's order (by value as text, the total last), zeros left out, fractions
+    with two decimals. As in Puppet Server, "Last run" is when it is made and "Run mode" is
+    server."""
+    raw: dict[str, dict[str, Any]] = {
+        "version": {"config": report.get("configuration_version"), "puppet": report.get("puppet_version")},
+        "application": {
+            "run_mode": RUN_MODE,
+            "initial_environment": report.get("initial_environment"),
+            "converged_environment": report.get("environment"),
+        },
+    }
+    metrics = report.get("metrics")
+    for category, metric in metrics.items() if isinstance(metrics, dict) else []:
+        values = metric.get("values") if isinstance(metric, dict) else None
+        rows = raw[str(category)] = {}
+        for row in values if isinstance(values, list) else []:
+            if isinstance(row, list) and len(row) >= 3:
+                rows[_ruby_text(row[0])] = row[2]
+        if category != "time":
+            rows.setdefault("total", 0)
+    raw.setdefault("time", {})["last_run"] = int(time.time() if now is None else now)
+    text = ""
+    for key in sorted(raw):
+        text += f"{_labelize(key)}:\n"
+        values = raw[key]
+        for label in sorted(values, key=lambda name: (name == "total", _ruby_text(values[name]), name)):
+            value = values[label]
+            if _is_zero(value):
+                continue
+            shown = f"{value:0.2f}" if isinstance(value, float) else _ruby_text(value)
+            text += f"   {_labelize(label) + ':':>15} {shown}\n"
+    return text
+
+
+def _labelize(name: str) -> str:
+    # Puppet::Util::Metric.labelize: Ruby's capitalize lowers the rest.
+    return name.capitalize().replace("_", " ")
+
+
+def _is_zero(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == 0
+
+
+def _ruby_text(value: Any) -> str:
+    """Ruby's to_s of a plain value (Puppet sorts a metric's values by it)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            return {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}[repr(value)]
+        mantissa, e, exponent = repr(value).partition("e")
+        if e and "." not in mantissa:
+            mantissa += ".0"  # Ruby writes 1.0e-05 where Python writes 1e-05
+        return mantissa + e + exponent
+    return str(value)
 
 
 def logs_of(report: dict[str, Any]) -> list[Any]:

@@ -14,7 +14,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from triggers import objects, reader, slack
-from triggers.models import Event, EventState
+from triggers.models import Event, EventState, WorkflowStart
 from triggers.objects import body_name, part_name
 
 log = logging.getLogger(__name__)
@@ -135,10 +135,13 @@ def _record(event: Event, read: reader.Read, parts: dict[str, Any]) -> None:
     summary = read.summary
     state = EventState.MATCHED if read.matched else EventState.FILTERED
     send_message = state == EventState.MATCHED and trigger.has_slack_webhook
+    start_run = state == EventState.MATCHED and trigger.workflow_id is not None
     found = {
         "notification": "pending" if send_message else "",
+        "workflow_start": WorkflowStart.PENDING if start_run else WorkflowStart.NONE,
         "filter_note": read.filter_note,
         "summary": summary,
+        "data": read.data,
         "parts": parts,
         "host": summary["host"][:255],
         "status": summary["status"],
@@ -148,13 +151,19 @@ def _record(event: Event, read: reader.Read, parts: dict[str, Any]) -> None:
     }
     try:
         with transaction.atomic():
-            if _finish(event, state, **found) and send_message:
-                transaction.on_commit(lambda: _queue_notification(event.pk))
+            if _finish(event, state, **found):
+                if send_message:
+                    transaction.on_commit(lambda: _queue_notification(event.pk))
+                if start_run:
+                    # The run is started by a task of its own, once this is on record: not
+                    # here, where a workflow's trouble would hold the event up.
+                    transaction.on_commit(lambda: queue_workflow_start(event.pk))
     except IntegrityError:
         # Another event of this trigger holds the same transaction_uuid or key (the unique
         # indexes say so, race-free): this one is a resend.
         original = _original(event, found["transaction_uuid"], found["key"])
-        _finish(event, EventState.DUPLICATE, duplicate_of=original, **{**found, "notification": ""})
+        resend = {**found, "notification": "", "workflow_start": WorkflowStart.NONE}
+        _finish(event, EventState.DUPLICATE, duplicate_of=original, **resend)
 
 
 def _finish(event: Event, state: str, **fields: Any) -> bool:
@@ -191,6 +200,17 @@ def _queue_notification(event_id: object) -> None:
         notify_slack.delay(str(event_id))
     except Exception:
         log.warning("could not queue the notification of event %s", event_id)
+
+
+def queue_workflow_start(event_id: object) -> None:
+    """Queue the start of the run a workflow trigger's matched event asks for. A broker that
+    is down loses nothing: requeue_stuck_events sends it again."""
+    from workflows.tasks import start_run_for_event
+
+    try:
+        start_run_for_event.delay(str(event_id))
+    except Exception:
+        log.warning("could not queue the workflow run of event %s", event_id)
 
 
 def notify(event_id: str) -> None:

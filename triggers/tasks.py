@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from relay import vault
 from triggers import objects, services, slack
-from triggers.models import Event, EventState
+from triggers.models import Event, EventState, WorkflowStart
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,7 @@ def notify_slack(self: object, event_id: str) -> None:
 def requeue_stuck_events() -> int:
     """Send again the events still `received` after EVENTS_STUCK_AFTER seconds: a lost broker
     message, a dead worker or a broker that was down when the event came in loses nothing.
+    So too the Slack messages and the workflow runs of matched events whose task was lost.
     (EVENTS_STUCK_AFTER must be longer than a read may take, EVENTS_READ_TIMEOUT.)"""
     return requeue_received_before(timezone.now() - timedelta(seconds=settings.EVENTS_STUCK_AFTER))
 
@@ -78,6 +79,11 @@ def requeue_received_before(moment: object) -> int:
         "pk", flat=True
     )[:1000]:
         notify_slack.delay(str(event_id))
+    # Workflow runs whose start was lost the same way.
+    for event_id in Event.objects.filter(
+        workflow_start=WorkflowStart.PENDING, processed_at__lt=moment
+    ).values_list("pk", flat=True)[:1000]:
+        services.queue_workflow_start(event_id)
     if ids:
         log.info("requeued %d events stuck in received", len(ids))
     return len(ids)

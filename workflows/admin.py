@@ -3,6 +3,7 @@ statuses, timings and outputs, the event that started them), and approvals with 
 approve and reject buttons (for users with workflows.approve_steprun; read-only to others)."""
 
 import json
+import uuid
 from typing import Any
 
 from django import forms
@@ -16,6 +17,7 @@ from django.utils.html import format_html, format_html_join
 from django.views.decorators.debug import sensitive_post_parameters
 
 from relay import vault
+from runs.models import Run
 from workflows import engine
 from workflows.dialect.validate import validate
 from workflows.models import (
@@ -29,6 +31,39 @@ from workflows.models import (
     WorkflowRun,
     WorkflowSecret,
 )
+
+
+def puppet_run_of(step: StepRun) -> Run | None:
+    """The Puppet run a Puppet step made or waits for (its `id` output), if it is one."""
+    run_id = (step.outputs or {}).get("id")
+    try:
+        return Run.objects.filter(pk=uuid.UUID(str(run_id))).first() if run_id else None
+    except ValueError:
+        return None
+
+
+def what_would_change(outputs: Any) -> str:
+    """A run-wait's `results`, per node: whether changes are pending and which resources
+    would change (the bridge reads them from each node's last run report)."""
+    nodes = outputs.get("results", {}).get("nodes") if isinstance(outputs, dict) else None
+    if not isinstance(nodes, list):
+        return ""
+    lines = []
+    for node in nodes[:100]:
+        if not isinstance(node, dict):
+            continue
+        pending = node.get("changes_pending")
+        state = {True: "changes pending", False: "no changes pending"}.get(pending, "not known")
+        changes = [
+            f"{r.get('type')}[{r.get('title')}] "
+            + ", ".join(
+                f"{c.get('property')}: {c.get('from')} → {c.get('to')}" for c in r.get("changes") or []
+            )
+            for r in node.get("resources") or []
+            if isinstance(r, dict)
+        ]
+        lines.append((node.get("name"), state, "; ".join(changes)))
+    return format_html_join("", "<p><strong>{}</strong>: {}<br>{}</p>", lines)
 
 
 def pretty_json(value: Any) -> str:
@@ -140,7 +175,22 @@ class WorkflowAdmin(admin.ModelAdmin):
         latest = obj.latest_revision()
         source = form.cleaned_data["source"]
         if latest is None or latest.source != source:
-            obj.add_revision(source, request.user)
+            revision = obj.add_revision(source, request.user)
+            for trigger in revision.new_push_triggers:
+                # Its token is not shown here (a message would keep it in a cookie): the
+                # trigger's page makes one to copy.
+                link = reverse(
+                    "admin:triggers_trigger_change", args=[obj.push_triggers.get(name=trigger.name).pk]
+                )
+                self.message_user(
+                    request,
+                    format_html(
+                        'Made push trigger {}: <a href="{}">regenerate its token</a> to copy one.',
+                        trigger.name,
+                        link,
+                    ),
+                    messages.WARNING,
+                )
 
     def save_formset(self, request: HttpRequest, form: WorkflowForm, formset: Any, change: bool) -> None:
         if formset.model is not WorkflowSecret:
@@ -195,12 +245,21 @@ class StepRunInline(admin.TabularInline):
         "took",
         "attempts",
         "shown_outputs",
+        "puppet_run",
         "message",
     ]
     readonly_fields = fields
     extra = 0
     can_delete = False
     ordering = ["index"]
+
+    @admin.display(description="Puppet run")
+    def puppet_run(self, step: StepRun) -> str:
+        run = puppet_run_of(step)
+        if run is None:
+            return ""
+        url = reverse("admin:runs_run_change", args=[run.pk])
+        return format_html('<a href="{}">{} ({})</a>', url, run.pk, run.status)
 
     def has_add_permission(self, request: HttpRequest, obj: WorkflowRun | None = None) -> bool:
         return False
@@ -349,8 +408,11 @@ class ApprovalAdmin(admin.ModelAdmin):
             return "—"
         return format_html_join(
             "",
-            "<p><strong>{}</strong> ({}): {}</p>{}",
-            ((row.name, row.status, row.message, pretty_json(row.outputs)) for row in rows),
+            "<p><strong>{}</strong> ({}): {}</p>{}{}",
+            (
+                (row.name, row.status, row.message, what_would_change(row.outputs), pretty_json(row.outputs))
+                for row in rows
+            ),
         )
 
     def render_change_form(

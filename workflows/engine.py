@@ -110,22 +110,30 @@ def create_run(
     created_by: Any = None,
     event: Any = None,
     strict: bool = True,
+    revision: WorkflowRevision | None = None,
+    unbound: Mapping[str, str] | None = None,
 ) -> WorkflowRun:
-    """Start a run of the workflow's newest revision.
+    """Start a run of `revision`, by default the workflow's newest.
 
     With `strict` (the API), parameters it cannot start with raise ParameterError and
     nothing is made. Without (a trigger's event), the run is made and fails at once, every
-    step `skipped`, with the reason in its message: the event's run is on record."""
-    revision = workflow.latest_revision()
+    step `skipped`, with the reason in its message: the event's run is on record. So does
+    one with `unbound` parameters (name → why a trigger's binding gave it no value)."""
+    revision = revision or workflow.latest_revision()
     if revision is None:
         raise ValueError(f"workflow {workflow.pk} has no revision")
     document = parsed(revision.pk)
+    problem = ""
     try:
-        bound, problem = bind_parameters(document, parameters), None
+        bound = bind_parameters(document, parameters)
     except ParameterError as exc:
         if strict:
             raise
-        bound, problem = dict(parameters), exc
+        bound, problem = dict(parameters), str(exc)
+    if unbound:
+        problem = " ".join(
+            [problem, *(f"The trigger's binding of {name!r} failed: {why}." for name, why in unbound.items())]
+        ).strip()
     with transaction.atomic():
         run = WorkflowRun.objects.create(
             workflow=workflow, revision=revision, parameters=bound, event=event, created_by=created_by
@@ -137,12 +145,12 @@ def create_run(
                 name=step.name,
                 kind=step.kind,
                 image=step.container.image if step.container else "",
-                status=StepStatus.PENDING if problem is None else StepStatus.SKIPPED,
+                status=StepStatus.SKIPPED if problem else StepStatus.PENDING,
             )
             for index, step in enumerate(document.steps)
         )
-        if problem is not None:
-            run.finish(RunOutcome.FAILURE, str(problem))
+        if problem:
+            run.finish(RunOutcome.FAILURE, problem)
         else:
             _queue(tasks.start_run, run.pk)
     log.info("workflow run %s of %s created", run.pk, workflow.pk)

@@ -1,5 +1,6 @@
 import logging
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -12,10 +13,24 @@ from django.views.decorators.debug import sensitive_variables
 
 from connections.models import name_validator
 from relay import vault
-from workflows.dialect import validate
+from relay.tokens import PlainToken
+from workflows.dialect import validate, yamlload
+from workflows.dialect.problems import DocumentError, child_pointer
 from workflows.dialect.workflow import Workflow as ParsedWorkflow
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class NewPushTrigger:
+    """A push trigger a revision made, with its token: shown once, in the answer that saved
+    the revision (the token is kept nowhere else but Vault)."""
+
+    name: str
+    token: PlainToken
+
+    def as_dict(self) -> dict[str, str]:
+        return {"name": self.name, "type": "push", "token": str(self.token)}
 
 
 class Workflow(models.Model):
@@ -41,15 +56,65 @@ class Workflow(models.Model):
         return self.revisions.order_by("-number").first()
 
     def add_revision(self, source: str, user: object | None) -> "WorkflowRevision":
-        """Saves `source`, verbatim, as the next revision. Raises DocumentError (with the
-        problems and their places) when it is not a valid workflow."""
-        validate.parse(source)
+        """Saves `source`, verbatim, as the next revision, and the workflow's push triggers
+        with it (sync_push_triggers). Raises DocumentError (with the problems and their
+        places) when it is not a valid workflow, and VaultUnavailable when a new trigger's
+        token cannot be kept (nothing is saved then). The new triggers' tokens are on the
+        returned revision's `new_push_triggers`, on that object only."""
+        document = validate.parse(source)
+        _check_push_trigger_names(source, document)
         with transaction.atomic():
             # The row lock serialises two saves of one workflow, so their numbers differ.
             self.updated = timezone.now()
             Workflow.objects.select_for_update().filter(pk=self.pk).update(updated=self.updated)
             last = self.revisions.aggregate(last=models.Max("number"))["last"] or 0
-            return self.revisions.create(number=last + 1, source=source, created_by=user)
+            revision = self.revisions.create(number=last + 1, source=source, created_by=user)
+            revision.new_push_triggers = self.sync_push_triggers(document)
+            return revision
+
+    def sync_push_triggers(self, document: ParsedWorkflow) -> tuple[NewPushTrigger, ...]:
+        """Make the push triggers (triggers.Trigger) the document declares and this workflow
+        has not, each with a new token; delete those it no longer declares (their tokens stop
+        working, their events go). A name kept keeps its trigger, token and filters. Returns
+        the new ones. Call under the workflow's row lock (add_revision takes it)."""
+        from triggers.models import Trigger
+
+        wanted = [trigger.name for trigger in document.triggers if trigger.kind == "push"]
+        current = {trigger.name: trigger for trigger in Trigger.objects.filter(workflow=self)}
+        for name, trigger in current.items():
+            if name not in wanted:
+                trigger.delete()
+                log.info("push trigger %s of workflow %s deleted", trigger.pk, self.pk)
+        made = []
+        for name in wanted:
+            if name not in current:
+                _, token = Trigger.create_with_token(
+                    owner=self.owner,
+                    workflow=self,
+                    name=name,
+                    description=f"Push trigger {name!r} of workflow {self.name!r}.",
+                )
+                made.append(NewPushTrigger(name, token))
+        return tuple(made)
+
+
+def _check_push_trigger_names(source: str, document: ParsedWorkflow) -> None:
+    """A push trigger is a row here, named as in the document: its name must fit the row."""
+    from triggers.models import Trigger
+
+    longest = Trigger._meta.get_field("name").max_length
+    too_long = [t for t in document.triggers if t.kind == "push" and len(t.name) > longest]
+    if too_long:
+        loaded = yamlload.load(source)
+        raise DocumentError(
+            [
+                loaded.problem(
+                    child_pointer(trigger.pointer, "name"),
+                    f"A push trigger's name is at most {longest} characters here.",
+                )
+                for trigger in too_long
+            ]
+        )
 
 
 class WorkflowRevision(models.Model):
@@ -74,6 +139,10 @@ class WorkflowRevision(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["workflow", "number"], name="unique_revision_number_per_workflow")
         ]
+
+    # The push triggers that saving this revision made (Workflow.add_revision), with their
+    # tokens: on the object add_revision returns, never stored.
+    new_push_triggers: tuple[NewPushTrigger, ...] = ()
 
     def __str__(self) -> str:
         return f"{self.workflow.name} #{self.number}"
@@ -161,6 +230,12 @@ class WorkflowRun(models.Model):
         indexes = [
             models.Index(fields=["workflow", "-created_at"]),
             models.Index(fields=["status", "created_at"]),
+        ]
+        # An event starts one run, however many times its task is delivered.
+        constraints = [
+            models.UniqueConstraint(
+                fields=["event"], condition=models.Q(event__isnull=False), name="one_run_per_event"
+            )
         ]
 
     def __str__(self) -> str:

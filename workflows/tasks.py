@@ -11,7 +11,7 @@ from celery import shared_task
 from django.conf import settings
 from django.db import DatabaseError
 
-from workflows import engine
+from workflows import engine, services
 
 RETRY = {"autoretry_for": (DatabaseError,), "retry_backoff": 1, "max_retries": 5, "acks_late": True}
 # A handler may not run past its lease: past it, the sweeper gives the step to another worker.
@@ -36,6 +36,13 @@ def start_step(step_id: str) -> None:
 @shared_task(**STEP_TASK)
 def resume_step(step_id: str) -> None:
     engine.resume_step(step_id)
+
+
+@shared_task(**RETRY)
+def start_run_for_event(event_id: str) -> None:
+    """A workflow trigger's matched event: its run, once (queued when the event is recorded;
+    triggers.tasks.requeue_stuck_events sends it again if that message was lost)."""
+    services.start_run_for_event(event_id)
 
 
 @shared_task(acks_late=True)

@@ -89,12 +89,16 @@ class OwnedSerializer(StrictModelSerializer):
         # Unique per owner: the holder's owner when it is renamed (perhaps by staff), the
         # requester when it is created.
         owner = self.instance.owner if self.instance is not None else self.context["request"].user
-        taken = self.Meta.model._default_manager.filter(owner=owner, name=name)
+        taken = self.namesakes(owner).filter(name=name)
         if self.instance is not None:
             taken = taken.exclude(pk=self.instance.pk)
         if taken.exists():
             raise serializers.ValidationError(self.name_taken(owner), "unique")
         return name
+
+    def namesakes(self, owner: AbstractBaseUser) -> models.QuerySet:
+        """The holders whose names a holder of `owner`'s must differ from."""
+        return self.Meta.model._default_manager.filter(owner=owner)
 
     def name_taken(self, owner: AbstractBaseUser) -> str:
         who = (

@@ -1,5 +1,8 @@
 from typing import Any
 
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.db.models import QuerySet
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from relay.api.serializers import StrictCharField, TokenField, TokenHolderSerializer
@@ -33,6 +36,12 @@ class TriggerSerializer(TokenHolderSerializer):
         help_text="A Slack incoming-webhook URL (https, to a host in SLACK_WEBHOOK_HOSTS), kept in "
         "Vault; empty removes it.",
     )
+    workflow = serializers.CharField(
+        source="workflow.name",
+        read_only=True,
+        default=None,
+        help_text="The workflow whose document declares this push trigger (null for a trigger of its own).",
+    )
 
     class Meta:
         model = Trigger
@@ -41,6 +50,7 @@ class TriggerSerializer(TokenHolderSerializer):
             "name",
             "description",
             "owner",
+            "workflow",
             "token_prefix",
             "statuses",
             "environments",
@@ -55,6 +65,19 @@ class TriggerSerializer(TokenHolderSerializer):
             "token_regenerated_at",
         ]
         read_only_fields = ["id", "has_slack_webhook", "created", "last_used", "token_regenerated_at"]
+
+    def validate_name(self, name: str) -> str:
+        if self.instance is not None and self.instance.workflow_id is not None:
+            if name != self.instance.name:
+                raise serializers.ValidationError(
+                    "This push trigger is named by its workflow's document: rename it there.", "workflow"
+                )
+            return name
+        return super().validate_name(name)
+
+    def namesakes(self, owner: AbstractBaseUser) -> QuerySet:
+        # Workflows' triggers are named within their workflow.
+        return super().namesakes(owner).filter(workflow__isnull=True)
 
     def pop_secret(self, validated_data: dict[str, Any]) -> dict[str, str]:
         url = validated_data.pop("slack_webhook_url", "")
@@ -78,6 +101,7 @@ class TriggerTokenSerializer(TriggerSerializer):
 
 class EventSerializer(serializers.ModelSerializer):
     parts = serializers.SerializerMethodField()
+    workflow_run = serializers.SerializerMethodField()
 
     class Meta:
         model = Event
@@ -93,12 +117,21 @@ class EventSerializer(serializers.ModelSerializer):
             "failure_reason",
             "filter_note",
             "duplicate_of",
+            "workflow_start",
+            "workflow_run",
             "body_format",
             "body_size",
             "body_sha256",
             "summary",
+            "data",
             "parts",
         ]
+
+    @extend_schema_field(serializers.UUIDField(allow_null=True))
+    def get_workflow_run(self, event: Event) -> str | None:
+        """The workflow run this event started (a workflow's push trigger's)."""
+        run_id = next(iter(event.workflow_runs.values_list("pk", flat=True)), None)
+        return str(run_id) if run_id else None
 
     def get_parts(self, event: Event) -> dict[str, dict[str, Any]]:
         """Each offloaded part, and the body as received, with a link to download it."""
@@ -113,4 +146,6 @@ class EventSerializer(serializers.ModelSerializer):
 
 class EventListSerializer(EventSerializer):
     class Meta(EventSerializer.Meta):
-        fields = [f for f in EventSerializer.Meta.fields if f not in ("summary", "parts")]
+        fields = [
+            f for f in EventSerializer.Meta.fields if f not in ("summary", "data", "parts", "workflow_run")
+        ]

@@ -1,13 +1,20 @@
 from django.core.files.storage import storages
 from django.db.models import QuerySet
 from django.http import FileResponse
-from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view, inline_serializer
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_view,
+    inline_serializer,
+)
 from rest_framework import exceptions, mixins, serializers, status, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from relay.api.authentication import TriggerTokenAuthentication
+from relay.api.exceptions import Conflict
 from relay.api.permissions import IsTrigger, may_for_all
 from relay.api.views import TokenHolderViewSet
 from triggers.api.serializers import (
@@ -25,13 +32,30 @@ from triggers.objects import body_name
 @extend_schema_view(
     create=extend_schema(responses={201: TriggerTokenSerializer}),
     regenerate=extend_schema(request=None, responses={200: TriggerTokenSerializer}),
+    destroy=extend_schema(
+        responses={204: None, 409: OpenApiResponse(description="A workflow's trigger (an RFC 9457 problem).")}
+    ),
 )
 class TriggerViewSet(TokenHolderViewSet):
-    """Push triggers. Users manage their own; anyone else's need the admin's permissions."""
+    """Push triggers. Users manage their own; anyone else's need the admin's permissions.
+
+    A workflow's push triggers are here too (`workflow` names it): their filters, Slack
+    webhook and token are managed here, their names and lives by the workflow's document."""
 
     queryset = Trigger.objects.none()  # the model, for the schema; get_queryset() scopes
     serializer_class = TriggerSerializer
     token_serializer_class = TriggerTokenSerializer
+
+    def get_queryset(self) -> QuerySet[Trigger]:
+        return super().get_queryset().select_related("workflow")
+
+    def perform_destroy(self, instance: Trigger) -> None:
+        if instance.workflow_id is not None:
+            raise Conflict(
+                f"This push trigger belongs to workflow {instance.workflow.name!r}: remove it from the "
+                "workflow's `triggers:` (a new revision) to delete it."
+            )
+        instance.delete()
 
 
 class EventIngestView(APIView):

@@ -5,6 +5,7 @@ from rest_framework import serializers
 
 from connections.models import name_validator
 from relay.api.serializers import JSONObjectField, RejectUnknownFields, StrictCharField
+from triggers.models import Trigger
 from workflows.dialect.yamlload import MAX_BYTES
 from workflows.models import StepRun, Workflow, WorkflowRevision, WorkflowRun, WorkflowSecret
 
@@ -50,6 +51,12 @@ class PushTriggerTokenSerializer(serializers.Serializer):
     token = serializers.CharField(help_text="Shown once, in the answer that made the trigger.")
 
 
+class PushTriggerSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    id = serializers.UUIDField()
+    token_prefix = serializers.CharField()
+
+
 class WorkflowSerializer(serializers.ModelSerializer):
     """A workflow with its newest document, and its secrets' names (never their values)."""
 
@@ -58,6 +65,9 @@ class WorkflowSerializer(serializers.ModelSerializer):
     source = serializers.SerializerMethodField()
     secrets = serializers.SerializerMethodField()
     triggers = serializers.SerializerMethodField()
+    push_triggers = serializers.SerializerMethodField(
+        help_text="Its push triggers (at /api/triggers/{id}/: their filters, Slack webhook, events)."
+    )
 
     class Meta:
         model = Workflow
@@ -72,6 +82,7 @@ class WorkflowSerializer(serializers.ModelSerializer):
             "source",
             "secrets",
             "triggers",
+            "push_triggers",
         ]
 
     def _latest(self, workflow: Workflow) -> WorkflowRevision | None:
@@ -90,10 +101,17 @@ class WorkflowSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(PushTriggerTokenSerializer(many=True))
     def get_triggers(self, workflow: Workflow) -> list[dict[str, str]]:
-        """The push triggers the document's `triggers:` made in this request, each with its
-        token, shown this once (issue 11 §4: the views put them in the context as
-        `new_triggers` when push triggers are linked to workflows; none until then)."""
-        return list(self.context.get("new_triggers", []))
+        """The push triggers the document's `triggers:` made in this request (a create, or a
+        revision that names new ones), each with its token, shown this once: the views put
+        the revision's `new_push_triggers` in the context."""
+        return [trigger.as_dict() for trigger in self.context.get("new_triggers", ())]
+
+    @extend_schema_field(PushTriggerSerializer(many=True))
+    def get_push_triggers(self, workflow: Workflow) -> list[dict[str, str]]:
+        return [
+            {"name": trigger.name, "id": str(trigger.pk), "token_prefix": trigger.token_prefix}
+            for trigger in Trigger.objects.filter(workflow=workflow).order_by("name")
+        ]
 
     def get_secrets(self, workflow: Workflow) -> list[str]:
         return [secret.name for secret in WorkflowSecret.objects.filter(workflow=workflow)]

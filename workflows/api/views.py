@@ -157,7 +157,8 @@ def _deny(user: Any, action: str, model: type, what: str) -> None:
 )
 class WorkflowViewSet(viewsets.GenericViewSet):
     """Workflows by name. `PUT` saves a new revision of the document; runs pin the revision
-    they started from."""
+    they started from. The document's push triggers are made and deleted with its revisions:
+    the answer that made one has its token, that once, in `triggers`."""
 
     queryset = Workflow.objects.none()  # the model, for the schema; get_queryset() scopes
     serializer_class = WorkflowSerializer
@@ -202,16 +203,14 @@ class WorkflowViewSet(viewsets.GenericViewSet):
                 workflow = Workflow.objects.create(
                     owner=request.user, name=data["name"], description=data["description"]
                 )
-                workflow.add_revision(data["source"], request.user)
+                revision = workflow.add_revision(data["source"], request.user)
         except DocumentError as exc:
             return invalid_document(request, exc.problems)
         except IntegrityError:  # a concurrent create of the same name
             raise exceptions.ValidationError(
                 {"name": ["You already have a workflow with this name."]}, "unique"
             ) from None
-        # Push triggers the document declares will be made here, and their tokens answered
-        # once in `triggers` (WorkflowSerializer.get_triggers; issue 11 §4).
-        body = WorkflowSerializer(workflow, context={"new_triggers": []}).data
+        body = WorkflowSerializer(workflow, context={"new_triggers": revision.new_push_triggers}).data
         return Response(body, status=status.HTTP_201_CREATED, headers=NO_STORE)
 
     def update(self, request: Request, name: str) -> Response:
@@ -222,13 +221,14 @@ class WorkflowViewSet(viewsets.GenericViewSet):
         fields.is_valid(raise_exception=True)
         try:
             with transaction.atomic():
-                workflow.add_revision(fields.validated_data["source"], request.user)
+                revision = workflow.add_revision(fields.validated_data["source"], request.user)
                 if "description" in fields.validated_data:
                     workflow.description = fields.validated_data["description"]
                     workflow.save(update_fields=["description", "updated"])
         except DocumentError as exc:
             return invalid_document(request, exc.problems)
-        return Response(WorkflowSerializer(workflow, context={"new_triggers": []}).data, headers=NO_STORE)
+        body = WorkflowSerializer(workflow, context={"new_triggers": revision.new_push_triggers}).data
+        return Response(body, headers=NO_STORE)
 
     def destroy(self, request: Request, name: str) -> Response:
         workflow = self.get_object()

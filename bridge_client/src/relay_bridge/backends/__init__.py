@@ -45,6 +45,7 @@ class NodeResult:
     duration: float = 0.0
     output: str = ""  # the tail of what the node printed
     details: dict[str, Any] = field(default_factory=dict)
+    changes: dict[str, Any] = field(default_factory=dict)  # from its last run report (reports.py)
 
     def as_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"name": self.name, "state": self.state, "duration": round(self.duration, 3)}
@@ -52,6 +53,7 @@ class NodeResult:
             doc["exit_code"] = self.exit_code
         if self.meaning:
             doc["meaning"] = self.meaning
+        doc.update(self.changes)
         if self.output:
             doc["output"] = self.output
         if self.details:
@@ -129,12 +131,16 @@ def check_certnames(names: list[Any], what: str = "node") -> list[str]:
 
 def puppet_flags(run: dict[str, Any]) -> list[str]:
     """`puppet agent -t` flags for a run. Always --noop or --no-noop, so a node whose
-    puppet.conf says `noop = true` still does what the workflow asked."""
+    puppet.conf says `noop = true` still does what the workflow asked. `--job-id` is the
+    run's id: Puppet sends it with the catalog request and writes it into the run's report,
+    which is how the bridge knows the node's last run report is this run's."""
     flags = ["--noop" if run.get("noop") else "--no-noop"]
     flags += [f"--{name}" for name in ("debug", "trace", "evaltrace") if run.get(name)]
     environment = environment_of(run)
     if environment:
         flags += ["--environment", environment]
+    if trust.run_id_ok(run.get("id")):
+        flags += ["--job-id", run["id"]]
     return flags
 
 

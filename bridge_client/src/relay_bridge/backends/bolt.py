@@ -1,7 +1,10 @@
 """The Bolt backend: one `bolt command run '<puppet> agent -t …' --targets a,b --format json`
 per run. Each target is judged by its own exit code (integration contract §5-6): Bolt calls
 exit code 2 a failure, while for Puppet it means "changes applied". A target Bolt could not
-reach is a failed node with Bolt's message."""
+reach is a failed node with Bolt's message.
+
+As over SSH, the command prints the node's last run report after Puppet (reports.py), on
+every transport with a POSIX shell: not WinRM, whose nodes run PowerShell."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from relay_bridge import reports
 from relay_bridge.backends import (
     GOOD_EXITS,
     NodeResult,
@@ -48,6 +52,7 @@ OPTIONS = {
     "run_as": None,
     "concurrency": None,
     "connect_timeout": None,
+    "report_max_bytes": reports.DEFAULT_MAX_BYTES,  # the last run report read after Puppet; 0: none
 }
 TAIL_CHARS = 4000
 
@@ -78,9 +83,15 @@ class BoltBackend:
         self.run_as = o.string("run_as")
         self.concurrency = o.integer("concurrency", 1)
         self.connect_timeout = o.integer("connect_timeout", 1)
+        self.report_max_bytes = o.integer("report_max_bytes", 0) if self.transport != "winrm" else 0
 
     def command(self, run: dict[str, Any]) -> str:
-        return shlex.join([self.puppet, "agent", "-t", *puppet_flags(run)])
+        puppet = [str(self.puppet), "agent", "-t", *puppet_flags(run)]
+        if not self.report_max_bytes:
+            return shlex.join(puppet)
+        # Bolt's run-as wraps the whole command in sudo: the report is read as Puppet ran.
+        fetch = reports.fetch_script(str(self.puppet), self.report_max_bytes)
+        return shlex.join(["sh", "-c", f"{shlex.join(puppet)} 2>&1; rc=$?; {fetch}; exit $rc"])
 
     def inventory(self) -> dict[str, Any]:
         """Bolt's transport configuration for every target (they join the `all` group)."""
@@ -123,7 +134,9 @@ class BoltBackend:
         inventory = workdir / "inventory.yaml"
         with private_file(inventory) as sink:
             sink.write(json.dumps(self.inventory()))  # JSON is YAML
-        return BoltJob(self.argv(nodes, command, inventory), nodes, workdir)
+        job_id = str(run["id"]) if self.report_max_bytes and "--job-id" in puppet_flags(run) else ""
+        reading = reports.job_reading(job_id, self.report_max_bytes)
+        return BoltJob(self.argv(nodes, command, inventory), nodes, workdir, reading=reading)
 
     def attach(self, handle: dict[str, Any], workdir: Path) -> BoltJob:
         """The Bolt of a run this bridge held before it restarted: watched if it still runs,
@@ -133,17 +146,26 @@ class BoltBackend:
         check_certnames(handle["nodes"])
         if not process_alive(handle.get("pid"), b"bolt") and _items(workdir / "bolt.json") is None:
             raise RunError("Bolt ended while the bridge was down and left no results.")
-        return BoltJob(None, handle["nodes"], workdir, pid=handle.get("pid"))
+        reading = reports.job_reading(*reports.reading_of(handle))
+        return BoltJob(None, handle["nodes"], workdir, pid=handle.get("pid"), reading=reading)
 
 
 class BoltJob:
     job_id = ""
 
     def __init__(
-        self, argv: list[str] | None, nodes: list[str], workdir: Path, pid: int | None = None
+        self,
+        argv: list[str] | None,
+        nodes: list[str],
+        workdir: Path,
+        pid: int | None = None,
+        reading: dict[str, Any] | None = None,
     ) -> None:
-        """Start Bolt with `argv`, or (after a bridge restart) watch the Bolt running as `pid`."""
+        """Start Bolt with `argv`, or (after a bridge restart) watch the Bolt running as `pid`.
+        `reading`: the job id of this run's reports and how much of one the command prints
+        (reports.job_reading; none: reports are not read)."""
         self.nodes = nodes
+        self.reading = reading or reports.job_reading("", 0)
         self.output = workdir / "bolt.json"
         self.errors = workdir / "bolt.err"
         self.started = time.monotonic()
@@ -163,7 +185,7 @@ class BoltJob:
         threading.Thread(target=self._reap, daemon=True).start()
 
     def handle(self) -> dict[str, Any]:
-        return {"kind": "bolt", "pid": self.pid, "nodes": self.nodes}
+        return {"kind": "bolt", "pid": self.pid, "nodes": self.nodes, **self.reading}
 
     def _reap(self) -> None:
         if self.proc is not None:
@@ -192,7 +214,8 @@ class BoltJob:
             return "error", {"result": {"msg": msg}}
         by_target = {item.get("target"): item for item in items if isinstance(item, dict)}
         duration = time.monotonic() - self.started
-        nodes = [_node(name, by_target.get(name), duration) for name in self.nodes]
+        job_id, max_bytes = reports.reading_of(self.reading)
+        nodes = [_node(name, by_target.get(name), duration, job_id, max_bytes) for name in self.nodes]
         return outcome_of(nodes), {"nodes": [n.as_json() for n in nodes]}
 
 
@@ -205,16 +228,25 @@ def _items(output: Path) -> list[Any] | None:
     return items if isinstance(items, list) else None
 
 
-def _node(name: str, item: dict[str, Any] | None, duration: float) -> NodeResult:
+def _node(
+    name: str, item: dict[str, Any] | None, duration: float, job_id: str = "", report_max_bytes: int = 0
+) -> NodeResult:
     if item is None:
         return NodeResult(name, "failed", meaning="Bolt reported nothing for this target", duration=duration)
     value = item.get("value") if isinstance(item.get("value"), dict) else {}
-    output = str(value.get("merged_output") or value.get("stdout") or "")[-TAIL_CHARS:]
+    printed = str(value.get("merged_output") or value.get("stdout") or "")
+    report = None
+    if report_max_bytes:
+        # The report went to stdout after all of Puppet's output (its stderr included).
+        before, report = reports.split_output(str(value.get("stdout") or "").encode())
+        printed = before.decode("utf-8", "replace") + str(value.get("stderr") or "")
+    output = printed[-TAIL_CHARS:]
     code = value.get("exit_code")
     if isinstance(code, int):
         # Bolt's own `status` says failure for 2; Puppet's code says what happened.
         state = "finished" if code in GOOD_EXITS else "failed"
-        return NodeResult(name, state, code, meaning_of(code), duration, output)
+        changes = reports.node_changes(report, job_id, report_max_bytes) if report_max_bytes else {}
+        return NodeResult(name, state, code, meaning_of(code), duration, output, changes=changes)
     error = value.get("_error") if isinstance(value.get("_error"), dict) else {}
     message = str(error.get("msg") or "Bolt could not run the command on this target")
     details = {"kind": error["kind"]} if error.get("kind") else {}

@@ -3,7 +3,10 @@
 
 Each node's command first prints its shell's pid and then execs Puppet, so a cancel can
 stop Puppet on the node itself (`kill -TERM <pid>` over a second connection), not only
-the local ssh client. Output goes to a file per node under the run's work directory."""
+the local ssh client. Output goes to a file per node under the run's work directory.
+
+After Puppet, over the same connection, the node prints its last run report (reports.py):
+each node's result then says what Puppet changed, or in noop would change."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from relay_bridge import reports
 from relay_bridge.backends import (
     GOOD_EXITS,
     NodeResult,
@@ -46,6 +50,7 @@ OPTIONS = {
     "ssh_config_file": None,
     "ssh_options": [],  # more `-o Key=value` options, e.g. ["KexAlgorithms=curve25519-sha256"]
     "sudo": False,  # run Puppet through `sudo -n` when `user` is not root
+    "report_max_bytes": reports.DEFAULT_MAX_BYTES,  # the last run report read after Puppet; 0: none
 }
 PID_MARK = "relay-bridge: pid "
 TAIL_CHARS, TAIL_LINES = 4000, 40
@@ -73,6 +78,7 @@ class SshBackend:
         self.config_file = o.string("ssh_config_file")
         self.extra = o.key_values("ssh_options")
         self.sudo = o.boolean("sudo")
+        self.report_max_bytes = o.integer("report_max_bytes", 0)
 
     def ssh_argv(self, node: str, command: str) -> list[str]:
         argv = [
@@ -100,14 +106,26 @@ class SshBackend:
         return [*argv, "--", node, command]
 
     def puppet_command(self, run: dict[str, Any]) -> str:
-        puppet = [*(["sudo", "-n"] if self.sudo else []), self.puppet, "agent", "-t", *puppet_flags(run)]
-        return f'echo "{PID_MARK}$$"; exec {shlex.join(puppet)}'
+        """What the node's shell runs: its pid (for a cancel), then Puppet in its place; with
+        reports read, that as a shell of its own, then the report. The whole is one `sh -c`,
+        whatever the login shell of the node's user is."""
+        sudo = ["sudo", "-n"] if self.sudo else []
+        puppet = [*sudo, str(self.puppet), "agent", "-t", *puppet_flags(run)]
+        if not self.report_max_bytes:
+            return f'echo "{PID_MARK}$$"; exec {shlex.join(puppet)}'
+        # Puppet's stderr into its stdout, so that all it prints comes before the report.
+        agent = f'echo "{PID_MARK}$$"; exec {shlex.join(puppet)} 2>&1'
+        fetch = reports.fetch_script(str(self.puppet), self.report_max_bytes, sudo)
+        return shlex.join(["sh", "-c", f"sh -c {shlex.quote(agent)}; rc=$?; {fetch}; exit $rc"])
 
     def start(self, run: dict[str, Any], workdir: Path) -> SshJob:
         nodes = nodes_of(run, "ssh")  # certnames only: never an option ssh would read
         command = self.puppet_command(run)
         make_dir(workdir)
-        return SshJob(self, nodes, command, workdir)
+        job_id = str(run["id"]) if self.report_max_bytes and "--job-id" in puppet_flags(run) else ""
+        return SshJob(
+            self, nodes, command, workdir, reading=reports.job_reading(job_id, self.report_max_bytes)
+        )
 
     def attach(self, handle: dict[str, Any], workdir: Path) -> SshJob:
         """The nodes of a run this bridge held before it restarted: finished ones from their
@@ -115,7 +133,9 @@ class SshBackend:
         if handle.get("kind") != "ssh" or not isinstance(handle.get("nodes"), list):
             raise RunError("The bridge's record of this run's SSH work is unreadable.")
         check_certnames(handle["nodes"])
-        return SshJob(self, handle["nodes"], str(handle["command"]), workdir, resume=True)
+        job_id, max_bytes = reports.reading_of(handle)
+        reading = reports.job_reading(job_id, max_bytes)
+        return SshJob(self, handle["nodes"], str(handle["command"]), workdir, resume=True, reading=reading)
 
 
 # Each node's ssh runs under a small shell that records its pid and, when ssh ends, ssh's
@@ -131,9 +151,18 @@ class SshJob:
     job_id = ""  # plain SSH has no job handle for the service to show
 
     def __init__(
-        self, backend: SshBackend, nodes: list[str], command: str, workdir: Path, resume: bool = False
+        self,
+        backend: SshBackend,
+        nodes: list[str],
+        command: str,
+        workdir: Path,
+        resume: bool = False,
+        reading: dict[str, Any] | None = None,
     ) -> None:
+        """`reading`: the job id of this run's reports and how much of one the command prints
+        (reports.job_reading; none: reports are not read)."""
         self.backend, self.command, self.workdir = backend, command, workdir
+        self.reading = reading or reports.job_reading("", 0)
         self.nodes = nodes
         self.results: dict[str, NodeResult] = {}
         self._running: dict[str, int] = {}  # node -> pid of its shell (its process group)
@@ -149,9 +178,8 @@ class SshJob:
                 self._todo.insert(0, (number, node, True))  # they hold lanes first
             elif resume and Path(f"{prefix}.pid").exists():
                 lost = "its ssh ended while the bridge was down, leaving no exit code"
-                self.results[node] = NodeResult(
-                    node, "failed", meaning=lost, output=_tail(Path(f"{prefix}.log"))
-                )
+                output, _ = _read_output(Path(f"{prefix}.log"), 0)
+                self.results[node] = NodeResult(node, "failed", meaning=lost, output=output)
             else:
                 self._todo.append((number, node, False))
         self._workers = min(backend.parallelism, len(self._todo))
@@ -161,7 +189,7 @@ class SshJob:
             threading.Thread(target=self._work, name=f"ssh-{lane}", daemon=True).start()
 
     def handle(self) -> dict[str, Any]:
-        return {"kind": "ssh", "nodes": self.nodes, "command": self.command}
+        return {"kind": "ssh", "nodes": self.nodes, "command": self.command, **self.reading}
 
     def wait(self, timeout: float) -> bool:
         return self._done.wait(timeout)
@@ -256,7 +284,8 @@ class SshJob:
 
     def _judge(self, number: int, node: str, duration: float) -> NodeResult:
         prefix = self._prefix(number)
-        tail = _tail(Path(f"{prefix}.log"))
+        job_id, max_bytes = reports.reading_of(self.reading)
+        tail, report = _read_output(Path(f"{prefix}.log"), max_bytes)
         try:
             code = int(Path(f"{prefix}.rc").read_text().strip())
         except (OSError, ValueError):
@@ -266,7 +295,8 @@ class SshJob:
         if code == UNREACHABLE:
             return NodeResult(node, "failed", code, "could not connect or log in over SSH", duration, tail)
         state = "finished" if code in GOOD_EXITS else "failed"
-        return NodeResult(node, state, code, meaning_of(code), duration, tail)
+        changes = reports.node_changes(report, job_id, max_bytes) if max_bytes else {}
+        return NodeResult(node, state, code, meaning_of(code), duration, tail, changes=changes)
 
 
 def _read_pid(prefix: Path) -> int | None:
@@ -287,14 +317,20 @@ def _remote_pid(output: Path) -> int | None:
     return None
 
 
-def _tail(output: Path) -> str:
+def _read_output(output: Path, report_max_bytes: int) -> tuple[str, bytes | None]:
+    """The tail of what the node printed, and the report it printed after it (None when it
+    printed none). Only the end of the file is read: the report, in base64, and before it
+    enough for the tail."""
+    window = TAIL_CHARS * 2 + (report_max_bytes * 3 // 2 + 65536 if report_max_bytes else 0)
     try:
         with output.open("rb") as source:
             source.seek(0, 2)
             size = source.tell()
-            source.seek(max(0, size - TAIL_CHARS * 2))
-            text = source.read().decode("utf-8", "replace")
+            source.seek(max(0, size - window))
+            data = source.read()
     except OSError:
-        return ""
+        return "", None
+    printed, report = reports.split_output(data) if report_max_bytes else (data, None)
+    text = printed[-TAIL_CHARS * 2 :].decode("utf-8", "replace")
     lines = [ANSI_RE.sub("", line) for line in text.splitlines() if not line.startswith(PID_MARK)]
-    return "\n".join(lines[-TAIL_LINES:])[-TAIL_CHARS:]
+    return "\n".join(lines[-TAIL_LINES:])[-TAIL_CHARS:], report
