@@ -1,15 +1,21 @@
-"""The RFC's two workflows (../shared/spec/puppet-integration-rfc.md, "Product-level
+"""The RFC's workflows (../shared/spec/puppet-integration-rfc.md, "Product-level
 explanation") written as Relay workflows and run end to end on real parts: the API over HTTP
-(a live server), a real Celery worker process running the engine, the session's Debian
-puppetserver, `relay-bridge serve` with its SSH backend running `puppet agent` on this host
-through the tests' sshd, and the Slack stand-in's chat.postMessage over HTTPS.
+(a live server), a real Celery worker process running the engine and reading the events,
+the session's Debian puppetserver, `relay-bridge serve` with its SSH backend running
+`puppet agent` on this host through the tests' sshd, Debian's `puppet apply` sending real
+reports, and the Slack stand-in's chat.postMessage over HTTPS.
 
-1. A Puppet run changed something: Slack hears which node and which resources.
-2. A dry run on some nodes, an approval, then the real run; Slack hears its outcome.
+The second workflow: a dry run on some nodes, an approval that shows what it would change,
+the real run, and its outcome in Slack; started by hand, by a module push body and by a
+real noop report; approved, rejected, cancelled while Puppet runs. The first one (a push
+trigger tells Slack what Puppet changed) is the README's worked example, which
+test_workflow_triggers.py starts with a real `puppet apply` and a push body; here a worker
+running it is SIGKILLed mid-step.
 
 One manifest serves every test: a file the real run manages, and an exec that holds Puppet
 (and says its pid) only while a test's flag file exists."""
 
+import hashlib
 import os
 import signal
 import time
@@ -18,21 +24,29 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
+import redis
 import requests
+from django.conf import settings
 from django.contrib.auth.models import Permission, User
+from django.test import Client
 from django.utils import timezone
 
 from runs.models import Run, RunTransition
 from tests.bridge_helpers import Service, bridge_config, log_lines, serve, wait_for
 from tests.conftest import api_token_for
+from tests.events_helpers import clear_queues, puppet_apply
 from tests.puppetserver import PuppetServer
 from tests.slack_standin import SlackStandIn
 from tests.sshd import Sshd, alive
+from tests.test_events_push_body import motd
+from tests.test_workflow_triggers import readme_example
 from tests.workflow_helpers import EngineWorker
+from triggers.models import Event
 from workflows import engine
-from workflows.models import StepRun
+from workflows.models import StepRun, WorkflowRun
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -41,37 +55,9 @@ SLACK_TOKEN = "xoxb-1111111111-2222222222222-AbCdEfGhIjKlMnOpQrStUvWx"
 BEFORE = "as it was\n"
 MANAGED = "managed by Puppet, approved in Relay\n"
 
-# The RFC's first workflow: a Puppet report that changed something tells Slack what changed.
-CHANGES = """\
-apiVersion: v1
-summary: Tell Slack what Puppet changed
-description: >
-  A Puppet report comes to the push trigger; when the run changed something, Slack hears
-  which node and which resources.
-parameters:
-  host:
-    description: The node that sent the report
-  resourceStatuses:
-    description: The resources the run changed, by name
-triggers:
-- name: puppet-report
-  source:
-    type: push
-  when: !Fn.equals [!Data status, changed]
-  binding:
-    parameters:
-      host: !Data host
-      resourceStatuses: !Data resource_statuses
-steps:
-- name: tell-slack
-  image: relaysh/slack-step-message-send
-  spec:
-    connection: !Connection {type: slack, name: team}
-    channel: '#general'
-    message: "Puppet changed ${parameters.host}: ${jsonMarshal(parameters.resourceStatuses)}"
-"""
-
 # The RFC's second workflow: a dry run, an approval, the real run, and its outcome in Slack.
+# Its push trigger takes a noop report that found changes pending (the trigger's default
+# rule drops one that found none) and dry-runs that node again before asking.
 DRY_RUN_FIRST = """\
 apiVersion: v1
 summary: Dry run, approve, run Puppet
@@ -84,6 +70,14 @@ parameters:
   environment:
     description: The Puppet environment
     default: production
+triggers:
+- name: puppet-noop-report
+  source:
+    type: push
+  when: !Data noop
+  binding:
+    parameters:
+      nodes: [!Data host]
 steps:
 - name: dry-run
   image: relaysh/puppet-step-run-start
@@ -115,8 +109,8 @@ steps:
 - name: tell-slack
   image: relaysh/slack-step-message-send
   spec:
-    connection: !Connection {type: slack, name: team}
-    channel: '#general'
+    connection: !Connection {type: slack, name: ops-slack}
+    channel: '#puppet'
     message: >-
       Puppet run ${outputs['real-run'].id} on ${jsonMarshal(parameters.nodes)}:
       ${outputs['real-run'].outcome}
@@ -141,23 +135,31 @@ class Node:
 def node(puppetserver: PuppetServer, tmp_path_factory) -> Node:
     workdir = tmp_path_factory.mktemp("workflow-e2e")
     node = Node(puppetserver, puppetserver.certname(), workdir / "motd", workdir / "hold", workdir / "pids")
-    puppetserver.manifest(
-        f"""node default {{
-  file {{ '{node.target}': content => "{MANAGED.strip()}\\n" }}
-  exec {{ 'hold':
+    puppetserver.manifest(f"node default {{\n{managed_file(node)}{holding_exec(node)}}}\n")
+    return node
+
+
+def managed_file(node: Node) -> str:
+    return f"  file {{ '{node.target}': content => \"{MANAGED.strip()}\\n\" }}\n"
+
+
+def holding_exec(node: Node) -> str:
+    return f"""  exec {{ 'hold':
     command => ['/bin/sh', '-c', 'echo $PPID $$ > {node.pids}; exec /bin/sleep 300'],
     onlyif  => '/usr/bin/test -e {node.hold}',
     noop    => false,
   }}
-}}
 """
-    )
-    return node
+
+
+def sha256(text: str) -> str:
+    return "{sha256}" + hashlib.sha256(text.encode()).hexdigest()
 
 
 @pytest.fixture(scope="module")
 def slack(tmp_path_factory) -> Iterator[SlackStandIn]:
     standin = SlackStandIn(tmp_path_factory.mktemp("slack"))
+    standin.channels["C0PUPPET01"] = "puppet"
     yield standin
     standin.close()
 
@@ -188,6 +190,7 @@ class Workers:
 
 @pytest.fixture(scope="module")
 def workers(django_db_setup, django_db_blocker, bao, slack, tmp_path_factory) -> Iterator[Workers]:
+    clear_queues(redis.Redis.from_url(settings.CELERY_BROKER_URL))  # earlier modules' messages
     env = {"VAULT_ADDR": bao.addr, "VAULT_TOKEN": bao.root().token, **slack.worker_env(SLACK_TOKEN)}
     with django_db_blocker.unblock():
         held = Workers(tmp_path_factory.mktemp("workers"), env)
@@ -226,10 +229,14 @@ def steps(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {step["name"]: step for step in run["steps"]}
 
 
+def statuses(run: dict[str, Any]) -> dict[str, str]:
+    return {step["name"]: step["status"] for step in run["steps"]}
+
+
 @dataclass
 class Ops:
-    """Someone who runs Puppet from Relay: a user who may answer approvals, their puppet
-    and slack connections (made through the API), and a bridge serving the connection."""
+    """Someone who runs Puppet from Relay: a user who may answer approvals (in the API and
+    the admin), their puppet and slack connections (made through the API)."""
 
     user: User
     api: Api
@@ -241,17 +248,22 @@ class Ops:
     def start(self, name: str, parameters: dict[str, Any]) -> str:
         return self.api.call("POST", f"/api/workflows/{name}/runs/", 201, {"parameters": parameters})["id"]
 
+    def started_by(self, event_id: str) -> str:
+        """The id of the run an event started, once the worker has read the event."""
+        run = wait_for(lambda: WorkflowRun.objects.filter(event_id=event_id).first(), 60, "the event's run")
+        return str(run.pk)
+
     def puppet_runs(self) -> list[Run]:
         return list(Run.objects.filter(connection__owner=self.user).order_by("created_at"))
 
 
 @pytest.fixture
 def ops(live_server, workers: Workers) -> Ops:
-    user = User.objects.create_user("ops")
+    user = User.objects.create_user("ops", is_staff=True)
     user.user_permissions.set(Permission.objects.filter(codename="approve_steprun"))
     api = Api(live_server.url, api_token_for(user))
     puppet = api.call("POST", "/api/connections/puppet/", 201, {"name": "datacenter"})
-    api.call("POST", "/api/connections/slack/", 201, {"name": "team", "token": SLACK_TOKEN})
+    api.call("POST", "/api/connections/slack/", 201, {"name": "ops-slack", "token": SLACK_TOKEN})
     return Ops(user, api, Service(live_server.url, puppet["token"], None))  # type: ignore[arg-type]
 
 
@@ -282,10 +294,16 @@ def waiting_for_approval(ops: Ops, run_id: str) -> dict[str, Any]:
     return ops.api.run_until(run_id, lambda run: steps(run)["approval"]["status"] == "in-progress")
 
 
+def push_trigger_token(workflow: dict[str, Any]) -> str:
+    [trigger] = workflow["triggers"]  # shown once, in the create's answer
+    assert (trigger["name"], trigger["type"]) == ("puppet-noop-report", "push")
+    return trigger["token"]
+
+
 # The RFC's second workflow -------------------------------------------------------------------
 
 
-def test_the_dry_run_is_approved_then_puppet_runs_for_real_and_slack_hears_the_outcome(
+def test_a_run_started_by_hand_shows_what_the_dry_run_would_change_and_once_approved_runs_puppet_for_real(
     ops: Ops, node: Node, bridge: Path, slack: SlackStandIn
 ):
     node.reset()
@@ -298,42 +316,70 @@ def test_the_dry_run_is_approved_then_puppet_runs_for_real_and_slack_hears_the_o
     assert dry["status"] == "success" and dry["outputs"]["outcome"] == "finished", dry["outputs"]
     [result] = dry["outputs"]["results"]["nodes"]
     assert (result["name"], result["state"], result["exit_code"]) == (node.certname, "finished", 0)
-    assert "(noop)" in result["output"] and str(node.target) in result["output"]
     assert node.target.read_text() == BEFORE  # a dry run
+    # The evidence: Puppet exited 0, yet changes are pending, and these.
+    assert result["changes_pending"] is True and result["report"]["noop"] is True
+    [resource] = result["resources"]
+    assert (resource["type"], resource["title"]) == ("File", str(node.target))
+    assert resource["changes"] == [
+        {"property": "content", "from": sha256(BEFORE), "to": sha256(MANAGED), "status": "noop"}
+    ]
+    # ... and the approval's page shows it to the approver, next to the buttons.
+    admin = Client()
+    admin.force_login(ops.user)
+    approval = StepRun.objects.get(run_id=run_id, name="approval")
+    page = admin.get(f"/admin/workflows/approval/{approval.pk}/change/").content.decode()
+    assert 'value="Approve"' in page
+    assert (
+        f"<strong>{node.certname}</strong>: changes pending<br>"
+        f"File[{node.target}] content: {sha256(BEFORE)} → {sha256(MANAGED)}"
+    ) in page
     [noop] = ops.puppet_runs()
     assert noop.noop is True and str(noop.id) == steps(run)["dry-run"]["outputs"]["id"]
-    assert steps(run)["real-run"]["status"] == "pending" and slack.received == []
+    assert statuses(run)["real-run"] == "pending" and slack.received == []
 
     ops.api.call("POST", f"/api/workflow-runs/{run_id}/steps/approval/approve/", 200)
     run = ops.api.finished(run_id)
 
     assert (run["outcome"], run["message"]) == ("success", "")
-    assert {name: step["status"] for name, step in steps(run).items()} == dict.fromkeys(steps(run), "success")
+    assert statuses(run) == dict.fromkeys(statuses(run), "success")
     assert steps(run)["approval"]["decided_by"] == "ops"
     real = steps(run)["real-run"]["outputs"]
     assert (real["outcome"], real["jobID"]) == ("finished", "")  # plain SSH has no job handle
     assert node.target.read_text() == MANAGED
     noop, applied = ops.puppet_runs()
     assert (applied.noop, str(applied.id), applied.outcome) == (False, real["id"], "finished")
-    assert applied.run_results["nodes"][0]["exit_code"] == 2  # changes applied
+    [applied_node] = applied.run_results["nodes"]
+    assert applied_node["exit_code"] == 2 and applied_node["changes_pending"] is False  # applied
     [message] = slack.posted()
-    assert message["channel"] == "#general"
+    assert message["channel"] == "#puppet"
     assert message["text"] == f'Puppet run {applied.id} on ["{node.certname}"]: finished'
 
 
-def test_a_rejected_dry_run_fails_the_run_and_no_real_puppet_run_is_made(
-    ops: Ops, node: Node, bridge: Path, slack: SlackStandIn
+def test_a_module_push_body_starts_a_run_and_its_rejection_fails_it_with_no_real_puppet_run(
+    ops: Ops, node: Node, bridge: Path, slack: SlackStandIn, live_server
 ):
     node.reset()
-    ops.workflow("dry-run-first", DRY_RUN_FIRST)
-    run_id = ops.start("dry-run-first", {"nodes": [node.certname], "environment": "production"})
-    waiting_for_approval(ops, run_id)
+    token = push_trigger_token(ops.workflow("dry-run-first", DRY_RUN_FIRST))
+    # What the Puppet module's report processor sends for a noop run with a change pending.
+    sent = requests.post(
+        f"{live_server.url}/api/events",
+        json={"data": {**motd(noop=True, pending=True), "host": node.certname}},
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30,
+    )
+    assert sent.status_code == 202, sent.text
+    run_id = ops.started_by(sent.json()["id"])
+    assert waiting_for_approval(ops, run_id)["parameters"] == {
+        "nodes": [node.certname],
+        "environment": "production",
+    }
 
     ops.api.call("POST", f"/api/workflow-runs/{run_id}/steps/approval/reject/", 200)
     run = ops.api.finished(run_id, timeout=30)
 
     assert (run["outcome"], run["message"]) == ("failure", "Failed: approval.")
-    assert {name: step["status"] for name, step in steps(run).items()} == {
+    assert statuses(run) == {
         "dry-run": "success",
         "dry-run-wait": "success",
         "approval": "failure",
@@ -347,17 +393,34 @@ def test_a_rejected_dry_run_fails_the_run_and_no_real_puppet_run_is_made(
     assert slack.received == []
 
 
-def test_cancelling_the_run_while_puppet_runs_stops_puppet_on_the_node(
-    ops: Ops, node: Node, bridge: Path, slack: SlackStandIn
+def test_a_real_noop_report_starts_a_run_and_cancelling_it_while_puppet_runs_stops_puppet_on_the_node(
+    ops: Ops, node: Node, bridge: Path, slack: SlackStandIn, live_server, tmp_path
 ):
     node.reset()
     node.pids.unlink(missing_ok=True)
     node.hold.touch()
     puppet = sleeper = None
     try:
-        ops.workflow("dry-run-first", DRY_RUN_FIRST)
-        run_id = ops.start("dry-run-first", {"nodes": [node.certname]})
-        ops.api.run_until(run_id, lambda run: steps(run)["dry-run-wait"]["status"] == "in-progress")
+        token = push_trigger_token(ops.workflow("dry-run-first", DRY_RUN_FIRST))
+        # Puppet, in noop mode, finds the file out of sync and sends its report (its own http
+        # processor: YAML, the token as the reporturl's password) to the workflow's trigger.
+        port = urlparse(live_server.url).port
+        applied = puppet_apply(
+            tmp_path,
+            f"node default {{\n{managed_file(node)}}}\n",
+            "--noop",
+            "--reports=http",
+            f"--reporturl=http://x:{token}@127.0.0.1:{port}/api/events",
+        )
+        assert applied.returncode == 0, applied.stdout + applied.stderr  # noop: 0 with changes pending
+        assert node.target.read_text() == BEFORE
+        event = wait_for(lambda: Event.objects.first(), 30, "the report")
+        run_id = ops.started_by(str(event.pk))
+        event.refresh_from_db()
+        assert event.data["host"] == node.certname and event.data["noop"] is True
+        assert list(event.data["resource_statuses"]) == [f"File[{node.target}]"]
+        run = ops.api.run_until(run_id, lambda run: statuses(run)["dry-run-wait"] == "in-progress")
+        assert run["parameters"]["nodes"] == [node.certname]
         puppet, sleeper = map(int, wait_for(lambda: node.pids.exists() and node.pids.read_text().split(), 60))
         assert alive(puppet)  # Puppet is running on the node, in its exec
 
@@ -366,7 +429,7 @@ def test_cancelling_the_run_while_puppet_runs_stops_puppet_on_the_node(
         run = ops.api.finished(run_id, timeout=30)
 
         assert run["outcome"] == "cancelled"
-        assert {name: step["status"] for name, step in steps(run).items()} == {
+        assert statuses(run) == {
             "dry-run": "success",
             "dry-run-wait": "cancelled",
             "approval": "skipped",
@@ -392,39 +455,14 @@ def test_cancelling_the_run_while_puppet_runs_stops_puppet_on_the_node(
 
 # The RFC's first workflow --------------------------------------------------------------------
 
-# What the Puppet module's report processor sends for a run that changed one file.
-CHANGED = {
-    "host": "web1.example.com",
-    "resourceStatuses": {
-        "File[/etc/motd]": {
-            "resource_type": "File",
-            "title": "/etc/motd",
-            "change_count": 1,
-            "out_of_sync_count": 1,
-            "containment_path": ["Stage[main]", "Profile::Motd", "File[/etc/motd]"],
-            "corrective_change": False,
-        }
-    },
-}
-
-
-def test_the_changes_workflow_started_by_hand_tells_slack_the_host_and_its_changed_resources(
-    ops: Ops, slack: SlackStandIn
-):
-    ops.workflow("puppet-changes", CHANGES)
-    run = ops.api.finished(ops.start("puppet-changes", CHANGED), timeout=30)
-    assert run["outcome"] == "success", run
-    [message] = slack.posted()
-    assert message["text"].startswith("Puppet changed web1.example.com: {")
-    assert '"File[/etc/motd]":{' in message["text"] and '"change_count":1' in message["text"]
-
 
 def test_a_worker_killed_while_it_posts_to_slack_loses_nothing(
     ops: Ops, workers: Workers, slack: SlackStandIn
 ):
-    ops.workflow("puppet-changes", CHANGES)
+    ops.workflow("tell-slack", readme_example())
     slack.delays = [10]  # Slack is slow to answer: the worker waits in the step
-    run_id = ops.start("puppet-changes", CHANGED)
+    changes = motd(noop=False, pending=False)["resource_statuses"]
+    run_id = ops.start("tell-slack", {"host": "web1.example.com", "changes": changes})
     wait_for(lambda: slack.received, 30, "the worker to post")
     workers.current.kill()  # SIGKILL, in the middle of the step
 
@@ -443,4 +481,8 @@ def test_a_worker_killed_while_it_posts_to_slack_loses_nothing(
     # Slack got the message before the worker died, and again from the next worker: work
     # outside the database may be done twice (README, "Durable").
     first, second = (request["json"] for request in slack.received)
-    assert first == second and first["text"].startswith("Puppet changed web1.example.com")
+    assert first == second and first["channel"] == "#puppet"
+    assert (
+        first["text"].startswith("Puppet changed web1.example.com: {")
+        and '"File[/etc/motd]"' in first["text"]
+    )

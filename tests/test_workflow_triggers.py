@@ -4,7 +4,6 @@ takes from the event's data, once per event; `when` false starts none and the ev
 why; a revision that drops a trigger deletes it (its token stops working)."""
 
 import json
-import os
 import re
 import shutil
 import uuid
@@ -62,24 +61,15 @@ def slack(tmp_path_factory):
 @pytest.fixture(scope="module")
 def worker(django_db_setup, django_db_blocker, bao, slack, tmp_path_factory):
     """One worker of two processes for the module: it reads the events and runs the workflows,
-    and its Slack step posts to the stand-in (test-only settings, which no environment
-    variable sets: a settings module of the tests' own)."""
+    and its Slack step posts to the stand-in."""
     clear_queues(redis.Redis.from_url(settings.CELERY_BROKER_URL))  # earlier modules' messages
-    directory = tmp_path_factory.mktemp("settings")
-    (directory / "slack_standin_settings.py").write_text(
-        "from tests.settings import *  # noqa: F403\n"
-        f"SLACK_API_URL = 'https://localhost:{slack.port}/api'\n"
-        "SLACK_API_ALLOW_LOOPBACK = True\n"
-        f"SLACK_CA_BUNDLE = {str(slack.ca)!r}\n"
-    )
     with django_db_blocker.unblock():
         process = EngineWorker(
             tmp_path_factory.mktemp("triggers") / "worker.log",
             concurrency=2,
             VAULT_ADDR=bao.addr,
             VAULT_TOKEN=bao.root().token,
-            DJANGO_SETTINGS_MODULE="slack_standin_settings",
-            PYTHONPATH=os.pathsep.join(filter(None, [str(directory), os.environ.get("PYTHONPATH")])),
+            **slack.worker_env(SLACK_TOKEN),
         )
     yield process
     process.stop()
