@@ -33,7 +33,8 @@ class ReportRelay:
     module points the relay at them (`send_to`, a URL with the token as its password, as a
     reporturl has it). Each report is passed on as Puppet's http processor sent it (body and
     content type), with those credentials as Basic auth; the answer comes back to Puppet.
-    With nowhere to send to, reports are answered 503 and dropped."""
+    With nowhere to send to, reports are answered 503 and dropped; 502 when the target
+    cannot be reached."""
 
     def __init__(self) -> None:
         self.target: str | None = None
@@ -45,8 +46,11 @@ class ReportRelay:
                 status, answer = 503, b"no target"
                 if relay.target is not None:
                     headers = {"Content-Type": self.headers["Content-Type"] or "application/octet-stream"}
-                    sent = requests.post(relay.target, data=body, headers=headers, timeout=30)
-                    status, answer = sent.status_code, sent.content
+                    try:
+                        sent = requests.post(relay.target, data=body, headers=headers, timeout=30)
+                        status, answer = sent.status_code, sent.content
+                    except requests.RequestException as exc:
+                        status, answer = 502, str(exc).encode()
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(answer)))
                 self.end_headers()
