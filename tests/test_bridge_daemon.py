@@ -67,7 +67,8 @@ def test_poll_once_forks_a_daemon_that_works_the_run_and_exits_at_once(service, 
     assert any("msg=accepted" in line for line in lines)
     assert any("msg=completed" in line and "outcome=finished" in line for line in lines)
     assert service.token not in log.read_text()
-    assert not list((tmp_path / "state" / "runs").iterdir())  # the work directory is cleaned up
+    # The work directory is cleaned up (after the final PUT, so the run may show complete first).
+    wait_for(lambda: not list((tmp_path / "state" / "runs").iterdir()), 10, "the work directory to go")
 
 
 @pytest.mark.parametrize("same_host", [False, True])
