@@ -205,12 +205,12 @@ class Worker:
                 self.kill()
 
 
-def wait_until(check: Callable[[], bool], timeout: float = 60) -> None:
+def wait_until(check: Callable[[], object], timeout: float = 60, every: float = 0.1) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
             return
-        time.sleep(0.1)
+        time.sleep(every)
     raise AssertionError("timed out")
 
 

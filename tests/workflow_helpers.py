@@ -4,13 +4,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from django.contrib.auth.models import User
 from django.db import connection
 
+from tests.events_helpers import wait_until
 from workflows import engine
 from workflows.models import StepRun, Workflow, WorkflowRun
 
@@ -68,15 +67,6 @@ class EngineWorker:
                 self.process.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 self.kill()
-
-
-def wait_until(check: Callable[[], object], timeout: float = 30, every: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(every)
-    raise AssertionError("timed out")
 
 
 def make_workflow(owner: User, source: str, name: str = "wf") -> Workflow:
