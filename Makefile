@@ -27,7 +27,7 @@ createsuperuser: $(VENV)/.installed
 manage: $(VENV)/.installed
 	$(BIN)/python -m relay.embedded manage $(ARGS)
 
-# Debian's puppet-agent, puppetserver and openssh-server: the tests run them for real.
+# Debian's puppet-agent, puppetserver, openssh-server, bubblewrap, jq: the tests run them for real.
 system-packages:
 	scripts/install-system-packages
 
