@@ -6,9 +6,16 @@ does, and its decoder's (a step is a container or an approval). Then the checks 
 left to its API, which every published workflow passes and which a run would otherwise fail
 on, or wait for ever on: unique step and trigger names, known `dependsOn` names, no cycles,
 known steps and parameters in references, tags only where they are evaluated, expressions
-that parse, functions called with the right arguments, and no expression that can only
-fail (evaluated with no data: an unknown name, a constant type error). A call to a function
-this service does not have is a warning (relay-core would wait for it for ever).
+that parse, and no expression that can only fail (evaluated with no data: an unknown name, a
+constant type error).
+
+Two checks are warnings, because relay-core accepts the document and published workflows
+trip them: a function this service does not have, or a known one called with arguments it
+cannot take (relay-core makes both an unresolvable invocation, so the step's spec is never
+complete: `terraform-continuous-deployment` calls `!Fn.merge` with a plain map); and a
+binding of a parameter the workflow does not declare (relay-core adds it to the run's
+parameters, where no step here may refer to it: `datadog-to-slack` binds `eventDate`), which
+is left out of the trigger's binding.
 """
 
 import json
@@ -347,12 +354,18 @@ class _Checker:
         source = raw_trigger["source"]
         binding = raw_trigger.get("binding") or {}
         found = _Found()
-        for name in binding.get("parameters") or {}:
-            if name not in self.parameter_names:
-                self.error(
+        bound: dict[str, Any] = {}
+        for name, value in (binding.get("parameters") or {}).items():
+            if name in self.parameter_names:
+                bound[name] = value
+            else:
+                # relay-core runs it with the extra parameter, which no step may name here
+                # (a reference to an undeclared parameter is an error): so it is dropped.
+                self.warn(
                     child_pointer(child_pointer(child_pointer(pointer, "binding"), "parameters"), name),
-                    f"The binding sets {name!r}, which is not a parameter of this workflow; "
-                    "declare it under parameters.",
+                    f"The binding sets {name!r}, which is not a parameter of this workflow, "
+                    "so no step can read it and it is left out; declare it under parameters "
+                    "to use it.",
                 )
         for key in _TRIGGER_EXPRESSIONS:
             if key in raw_trigger:
@@ -368,7 +381,7 @@ class _Checker:
             pointer=pointer,
             schedule=source.get("schedule", "") if kind == "schedule" else "",
             container=_container(source) if kind == "webhook" else None,
-            binding_parameters=frozen_map(deepcopy(binding.get("parameters") or {})),
+            binding_parameters=frozen_map(deepcopy(bound)),
             binding_key=deepcopy(binding.get("key")),
             when=deepcopy(raw_trigger.get("when")),
         )
@@ -441,7 +454,9 @@ class _Checker:
         return True
 
     def _check_arity(self, name: str, args: list[Any] | dict[str, Any], pointer: str) -> None:
-        """A known function called with arguments it cannot take would never be resolved."""
+        """A known function called with arguments it cannot take is never resolved: relay-core
+        accepts the document (an unresolvable invocation, like an unknown function), and the
+        step fails here when it starts; a warning, as a published workflow does it."""
         descriptor = LIBRARY.get(name)
         if descriptor is None:
             return
@@ -451,7 +466,11 @@ class _Checker:
             else:
                 descriptor.positional(DEFAULT_EVALUATOR, [None] * len(args))
         except ArgumentError as exc:
-            self.error(pointer, f"{name}() cannot be called like this: {exc}.")
+            self.warn(
+                pointer,
+                f"{name}() cannot be called like this: {exc}; relay-core accepts it, but it is never "
+                "resolved, so what evaluates it fails (a step's spec or env, a when, a binding).",
+            )
 
     def _tree_at(self, pointer: str) -> Any:
         node: Any = self.tree
