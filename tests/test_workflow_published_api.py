@@ -1,6 +1,7 @@
 """Every workflow published in puppetlabs/relay-workflows, saved through the API as it stands:
 accepted (201), the text kept verbatim, its push triggers made with tokens that work, and the
-warnings the validator has for two of them shown by `POST /api/workflows/validate`."""
+warnings the validator has for two of them shown by `POST /api/workflows/validate`; and what
+a run does with what those two warnings are about."""
 
 from pathlib import Path
 
@@ -8,9 +9,11 @@ import pytest
 from rest_framework.test import APIClient
 
 from tests.test_workflow_conformance import EVERY_PUBLISHED, PUBLISHED_WARNINGS
-from triggers.models import Trigger
+from tests.workflow_helpers import NOOP
+from triggers.models import Event, EventState, Trigger, WorkflowStart
+from workflows import engine, services
 from workflows.dialect.validate import parse
-from workflows.models import Workflow
+from workflows.models import StepRun, Workflow, WorkflowRun
 
 pytestmark = pytest.mark.django_db
 
@@ -83,3 +86,61 @@ def test_published_schedule_and_webhook_triggers_are_made(alice_api: APIClient, 
     assert sorted(s.name for s in workflow.schedules.all()) == sorted(declared(path, "schedule"))
     webhooks = Trigger.objects.filter(workflow=workflow, kind="webhook")
     assert sorted(t.name for t in webhooks) == sorted(declared(path, "webhook"))
+
+
+# What the two relaxed checks do when a run meets them (in-process: no worker; the engine's
+# functions are called as its tasks would call them).
+
+
+def test_a_call_the_function_refuses_fails_its_step_naming_the_function(alice_api: APIClient) -> None:
+    # terraform-continuous-deployment's `git: !Fn.merge {…}`, on a step that can run here.
+    source = (
+        "apiVersion: v1\nparameters: {branch: {default: main}}\nsteps:\n"
+        f"- name: plan\n  image: {NOOP}\n  spec:\n    git: !Fn.merge\n      name: plan\n"
+        "      branch: !Parameter branch\n"
+    )
+    assert (
+        alice_api.post("/api/workflows/", {"name": "merge", "source": source}, format="json").status_code
+        == 201
+    )
+    response = alice_api.post("/api/workflows/merge/runs/", {"parameters": {}}, format="json")
+    assert response.status_code == 201, response.content
+    run = WorkflowRun.objects.get(pk=response.json()["id"])
+    engine.start_run(run.pk)
+    step = StepRun.objects.get(run=run, name="plan")
+    engine.start_step(str(step.pk))
+    step.refresh_from_db()
+    run.refresh_from_db()
+    assert step.status == "failure"
+    assert step.message == (
+        "Its spec refers to what is not there: function 'merge' (fn: arg \"objects\": fn: arg not found)."
+    )
+    assert (run.status, run.outcome) == ("complete", "failure")
+
+
+def test_an_event_s_binding_of_an_undeclared_parameter_is_left_out_and_the_run_starts(
+    alice, alice_api
+) -> None:
+    # datadog-to-slack's eventDate, on a push trigger (webhook triggers are helper trig's).
+    source = (
+        "apiVersion: v1\nparameters: {title: {}}\ntriggers:\n- name: report\n  source: {type: push}\n"
+        "  binding:\n    parameters:\n      title: !Data host\n      date: !Data time\n"
+        f"steps:\n- name: tell\n  image: {NOOP}\n"
+    )
+    created = alice_api.post("/api/workflows/", {"name": "bound", "source": source}, format="json")
+    assert created.status_code == 201, created.content
+    trigger = Trigger.objects.get(workflow__name="bound")
+    event = Event.objects.create(
+        trigger=trigger,
+        state=EventState.MATCHED,
+        body_format="json",
+        body_sha256="0" * 64,
+        body_size=2,
+        data={"host": "web1", "time": "2026-01-01T00:00:00+00:00"},
+        workflow_start=WorkflowStart.PENDING,
+    )
+    run = services.start_run_for_event(str(event.pk))
+    assert run is not None
+    run.refresh_from_db()
+    assert run.parameters == {"title": "web1"}
+    assert run.message == "" and run.status == "initializing"
