@@ -36,7 +36,7 @@ def test_every_published_workflow_is_saved_with_its_push_triggers(alice_api: API
     assert body["revision"] == 1 and body["source"] == source
     workflow = Workflow.objects.get(owner__username="alice", name=path.stem)
     assert workflow.latest_revision().source == source
-    # Its push triggers are made, each token shown once here and kept in Vault.
+    # Its push triggers are made, each with its token shown once here, one that finds it.
     push = declared(path, "push")
     assert [(t["name"], t["type"]) for t in body["triggers"]] == [(name, "push") for name in push]
     rows = {t.name: t for t in Trigger.objects.filter(workflow=workflow)}
