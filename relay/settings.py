@@ -274,6 +274,12 @@ CELERY_BEAT_SCHEDULE = {
         "task": "triggers.tasks.delete_released_objects",
         "schedule": env.float("EVENTS_SWEEP_INTERVAL", default=60.0),
     },
+    "start-due-schedules": {
+        "task": "workflows.tasks.start_due_schedules",
+        "schedule": env.float("SCHEDULE_TICK_INTERVAL", default=5.0),
+        # A tick that waited longer than the next is worth nothing: the next one does its work.
+        "options": {"expires": env.float("SCHEDULE_TICK_INTERVAL", default=5.0)},
+    },
     "sweep-workflow-runs": {
         "task": "workflows.tasks.sweep_workflow_runs",
         "schedule": env.float("WORKFLOW_SWEEP_INTERVAL", default=15.0),
@@ -321,6 +327,16 @@ EVENTS_RATE_LIMIT_BYTES_PER_HOUR = env.int("EVENTS_RATE_LIMIT_BYTES_PER_HOUR", d
 if EVENTS_STUCK_AFTER <= EVENTS_READ_TIMEOUT:
     # The sweeper would send again an event that is still being read.
     raise ImproperlyConfigured("EVENTS_STUCK_AFTER must be longer than EVENTS_READ_TIMEOUT.")
+# Webhook triggers (/api/webhooks/<id>/): a body is the event as it is, so it is kept to what
+# a run's event data may be (triggers.reports.EVENT_DATA_MAX_BYTES, 1 MiB) or less.
+WEBHOOK_MAX_BODY_BYTES = min(env.int("WEBHOOK_MAX_BODY_BYTES", default=1024 * 1024), 1024 * 1024)
+# Webhook trigger images that pass the request's JSON body through as the event, unchanged
+# (Relay's own generic JSON trigger): the only ones this service stands in for, since it runs
+# no containers. Add your own pass-through images here (any tag or digest of one counts).
+WEBHOOK_PASS_THROUGH_IMAGES = env.list("WEBHOOK_PASS_THROUGH_IMAGES", default=["relaysh/stdlib-trigger-json"])
+# Schedule triggers: how often beat looks for schedules that are due (seconds): a run starts
+# at most this late. Each look reads only the due rows, by an index.
+SCHEDULE_TICK_INTERVAL = env.float("SCHEDULE_TICK_INTERVAL", default=5.0)
 # Where users reach this service, for links in notifications.
 RELAY_PUBLIC_URL = env.str("RELAY_PUBLIC_URL", default="http://127.0.0.1:8000").rstrip("/")
 SLACK_TIMEOUT = env.float("SLACK_TIMEOUT", default=10.0)

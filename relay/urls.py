@@ -3,7 +3,7 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from triggers.api.views import EventIngestView
+from triggers.api.views import EventIngestView, WebhookIngestView
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
@@ -18,6 +18,7 @@ urlpatterns = [
     path("api/", include("triggers.api.urls")),
     path("api/", include("workflows.api.urls")),
     path("api/events", EventIngestView.as_view(), name="events"),
+    path("api/webhooks/<uuid:trigger_id>/", WebhookIngestView.as_view(), name="webhook"),
     path("_puppet/", include("runs.api.urls")),
     path("healthz", healthz, name="healthz"),
 ]

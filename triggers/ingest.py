@@ -117,7 +117,6 @@ def receive(request: HttpRequest, trigger: Trigger) -> tuple[Event, bool]:
     length = content_length(request)
     ratelimit.admit(trigger, length)  # before a byte of the body is read
     gzipped = request.META.get("HTTP_CONTENT_ENCODING", "").strip().lower() == "gzip"
-    storage = storages["events"]
     # Up to SPOOL_IN_MEMORY of a body stays in memory, the rest goes to a temporary file: a
     # web process's memory does not grow with report size, however many arrive at once.
     with tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY) as spool:
@@ -129,27 +128,41 @@ def receive(request: HttpRequest, trigger: Trigger) -> tuple[Event, bool]:
         existing = _resent(trigger, sha256, transaction_uuid, key)
         if existing is not None:
             return existing, False
-        name = body_name(sha256)
-        if not storage.exists(name):
+        return store(trigger, spool, fmt, sha256, size, transaction_uuid=transaction_uuid, key=key), True
+
+
+def store(
+    trigger: Trigger,
+    spool: BinaryIO,
+    fmt: str,
+    sha256: str,
+    size: int,
+    transaction_uuid: str = "",
+    key: str = "",
+) -> Event:
+    """Save the spooled body under its SHA-256, record the event and queue it for a worker."""
+    storage = storages["events"]
+    name = body_name(sha256)
+    if not storage.exists(name):
+        spool.seek(0)
+        storage.save(name, File(spool))
+    # The body is durable now; the row is once this commits. Only then is the worker told.
+    with transaction.atomic():
+        # The body may be another event's, whose deletion just deleted it: see
+        # triggers.objects for why claiming, then looking, is race-free.
+        if objects.claim([name]):
             spool.seek(0)
             storage.save(name, File(spool))
-        # The body is durable now; the row is once this commits. Only then is the worker told.
-        with transaction.atomic():
-            # The body may be another event's, whose deletion just deleted it: see
-            # triggers.objects for why claiming, then looking, is race-free.
-            if objects.claim([name]):
-                spool.seek(0)
-                storage.save(name, File(spool))
-            event = Event.objects.create(
-                trigger=trigger,
-                body_format=fmt,
-                body_sha256=sha256,
-                body_size=size,
-                transaction_uuid=transaction_uuid,
-                key=key,
-            )
-            transaction.on_commit(lambda: _enqueue(event.pk))
-    return event, True
+        event = Event.objects.create(
+            trigger=trigger,
+            body_format=fmt,
+            body_sha256=sha256,
+            body_size=size,
+            transaction_uuid=transaction_uuid,
+            key=key,
+        )
+        transaction.on_commit(lambda: _enqueue(event.pk))
+    return event
 
 
 # A bounded look at a body, not a parse: what tells a resend of the same run. A small JSON

@@ -1,6 +1,7 @@
 """Push triggers and the events (Puppet reports) they receive at /api/events."""
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -14,6 +15,23 @@ from relay import tokens, vault
 from triggers.reports import Filters
 
 
+class TriggerKind(models.TextChoices):
+    PUSH = "push"  # POST /api/events: Puppet reports and Relay push bodies
+    WEBHOOK = "webhook"  # POST /api/webhooks/<id>/: any JSON object is the event
+
+
+def image_repository(image: str) -> str:
+    """`relaysh/stdlib-trigger-json` of `docker.io/relaysh/stdlib-trigger-json:latest` (or
+    of any tag or digest of it), lower case."""
+    name = image.strip().lower().split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    if ":" in last:
+        name = name[: len(name) - len(last)] + last.split(":", 1)[0]
+    for registry in ("docker.io/", "index.docker.io/", "registry-1.docker.io/"):
+        name = name.removeprefix(registry)
+    return name
+
+
 class Trigger(tokens.TokenHolder):
     """A push trigger: Puppet (or the module's report processor) posts reports with its token.
 
@@ -24,7 +42,12 @@ class Trigger(tokens.TokenHolder):
     A trigger of a workflow is one that the workflow's document declares (`triggers:` with
     `source: {type: push}`), named as there: the workflow's revisions make and delete it
     (workflows.models.Workflow.add_revision), and each event it matches starts a run
-    (workflows.services.start_run_for_event). Its filters and Slack webhook work as for any."""
+    (workflows.services.start_run_for_event). Its filters and Slack webhook work as for any.
+
+    A workflow's webhook trigger (`source: {type: webhook}`) is a row here too, of kind
+    `webhook`: a token like a push trigger's, but its events come to its own URL
+    (/api/webhooks/<id>/) as any JSON object, which is the event as it is (triggers.webhooks);
+    the filters and Slack webhook, which read Puppet reports, do not apply to it."""
 
     TOKEN_PREFIX = "rlyt"
     VAULT_KIND = "triggers"
@@ -34,6 +57,11 @@ class Trigger(tokens.TokenHolder):
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="push_triggers"
     )
     name = models.CharField(max_length=64, validators=[name_validator])
+    kind = models.CharField(
+        max_length=16, choices=TriggerKind.choices, default=TriggerKind.PUSH, editable=False
+    )
+    # A webhook trigger's `source.image`, as its workflow's document names it.
+    image = models.CharField(max_length=512, blank=True, editable=False)
     description = models.TextField(blank=True, max_length=2000)
     created = models.DateTimeField(default=timezone.now, editable=False)
     token_regenerated_at = models.DateTimeField(null=True, blank=True, editable=False)
@@ -77,6 +105,21 @@ class Trigger(tokens.TokenHolder):
 
     def __str__(self) -> str:
         return self.name
+
+    def webhook_url(self) -> str:
+        """Where a webhook trigger's events go; "" for a push trigger."""
+        if self.kind != TriggerKind.WEBHOOK:
+            return ""
+        return f"{settings.RELAY_PUBLIC_URL}/api/webhooks/{self.pk}/"
+
+    @property
+    def passes_through(self) -> bool:
+        """Whether a webhook trigger's image is one that passes the JSON body through as the
+        event (WEBHOOK_PASS_THROUGH_IMAGES): the only kind this service can stand in for, as
+        it runs no containers. Any tag or digest of a listed repository counts."""
+        return image_repository(self.image) in {
+            image_repository(image) for image in settings.WEBHOOK_PASS_THROUGH_IMAGES
+        }
 
     def filters(self) -> Filters:
         return Filters(
@@ -302,3 +345,54 @@ class ReleasedObject(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class Schedule(models.Model):
+    """A workflow's schedule trigger (`source: {type: schedule, schedule: '<cron>'}`), made,
+    changed and deleted with the workflow's revisions (Workflow.sync_schedules).
+
+    `next_due` is when it is next due, in UTC: beat's workflows.tasks.start_due_schedules
+    takes only the rows whose time has come (an index on it), so nothing scans every
+    workflow. Taking a slot moves `next_due` past now with a compare-and-set, in the
+    transaction that makes the run: one run per slot however many beats and workers look
+    at once, and a schedule missed while the service was down runs once, not once per slot."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    workflow = models.ForeignKey("workflows.Workflow", on_delete=models.CASCADE, related_name="schedules")
+    name = models.CharField(max_length=255)
+    schedule = models.CharField(max_length=255)  # as the document writes it
+    next_due = models.DateTimeField()
+    created = models.DateTimeField(default=timezone.now, editable=False)
+    # The slot it last took, when, and what became of it (a run, or why none).
+    last_due = models.DateTimeField(null=True, blank=True)
+    last_taken_at = models.DateTimeField(null=True, blank=True)
+    last_note = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["workflow_id", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["workflow", "name"], name="unique_schedule_name_per_workflow")
+        ]
+        indexes = [models.Index(fields=["next_due"], name="schedule_next_due")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.schedule})"
+
+    def take(self, now: datetime, next_due: datetime) -> bool:
+        """Take the slot this object read (`next_due` as loaded) and move on to `next_due`:
+        True once per slot. When nothing was updated, another worker took it first (or a
+        revision changed the schedule meanwhile)."""
+        slot = self.next_due
+        won = (
+            type(self)
+            .objects.filter(pk=self.pk, next_due=slot)
+            .update(next_due=next_due, last_due=slot, last_taken_at=now, last_note="")
+        )
+        if won:
+            self.next_due, self.last_due, self.last_taken_at, self.last_note = next_due, slot, now, ""
+        return bool(won)
+
+    def note(self, text: str) -> None:
+        """What became of the slot last taken (no run: `when` false; or the run's id)."""
+        type(self).objects.filter(pk=self.pk).update(last_note=text[:2000])
+        self.last_note = text[:2000]

@@ -1,5 +1,6 @@
 """The worker's side of an event: read it, summarise it, offload its large parts, filter it."""
 
+import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,8 +15,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 from triggers import objects, reader, slack
-from triggers.models import Event, EventState, WorkflowStart
+from triggers.models import Event, EventState, TriggerKind, WorkflowStart
 from triggers.objects import body_name, part_name
+from triggers.parsing import without_nul
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +64,10 @@ def process(event_id: str) -> None:
             log.warning("event %s failed: gave up after %d attempts", event.pk, event.attempts)
         return
     try:
-        _process(event)
+        if event.trigger.kind == TriggerKind.WEBHOOK:
+            _process_webhook(event)
+        else:
+            _process(event)
     except Exception as exc:
         if is_transient(exc):
             _note(event, exc)
@@ -108,6 +113,38 @@ def _process(event: Event) -> None:
     finally:
         read.close()
     _record(event, read, parts)
+
+
+def _process_webhook(event: Event) -> None:
+    """A webhook trigger's body is its event's data as it is: a JSON object of at most
+    WEBHOOK_MAX_BODY_BYTES, checked at the door (triggers.webhooks), read here again from
+    storage. It matches (a webhook trigger has no filters) and starts its workflow's run."""
+    with _storage("read the body") as storage, storage.open(body_name(event.body_sha256), "rb") as body:
+        raw = body.read(settings.WEBHOOK_MAX_BODY_BYTES + 1)
+    if not event.start_attempt():
+        return  # another delivery has finished it meanwhile
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        event.fail(f"The body is not JSON: {type(exc).__name__}: {exc}"[:1000])
+        return
+    if not isinstance(data, dict) or len(raw) > settings.WEBHOOK_MAX_BODY_BYTES:
+        event.fail("The body is not a JSON object of at most WEBHOOK_MAX_BODY_BYTES bytes.")
+        return
+    found = {
+        "data": without_nul(data),
+        "workflow_start": WorkflowStart.PENDING if event.trigger.workflow_id else WorkflowStart.NONE,
+        "key": event.key,
+        "failure_reason": "",
+    }
+    try:
+        with transaction.atomic():
+            if event.finish(EventState.MATCHED, **found) and event.trigger.workflow_id:
+                transaction.on_commit(lambda: queue_workflow_start(event.pk))
+    except IntegrityError:
+        # Another event of this trigger with the same Idempotency-Key won the unique index.
+        original = _original(event, "", event.key)
+        event.finish(EventState.DUPLICATE, duplicate_of=original, data=found["data"], failure_reason="")
 
 
 def _log_read(event: Event, seconds: float, peak_rss: int, outcome: str) -> None:

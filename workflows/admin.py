@@ -176,7 +176,7 @@ class WorkflowAdmin(admin.ModelAdmin):
         source = form.cleaned_data["source"]
         if latest is None or latest.source != source:
             revision = obj.add_revision(source, request.user)
-            for trigger in revision.new_push_triggers:
+            for trigger in revision.new_triggers:
                 # Its token is not shown here (a message would keep it in a cookie): the
                 # trigger's page makes one to copy.
                 link = reverse(
@@ -185,7 +185,8 @@ class WorkflowAdmin(admin.ModelAdmin):
                 self.message_user(
                     request,
                     format_html(
-                        'Made push trigger {}: <a href="{}">regenerate its token</a> to copy one.',
+                        'Made {} trigger {}: <a href="{}">regenerate its token</a> to copy one.',
+                        trigger.kind,
                         trigger.name,
                         link,
                     ),

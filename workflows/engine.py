@@ -112,6 +112,8 @@ def create_run(
     strict: bool = True,
     revision: WorkflowRevision | None = None,
     unbound: Mapping[str, str] | None = None,
+    schedule: Any = None,
+    scheduled_for: datetime | None = None,
 ) -> WorkflowRun:
     """Start a run of `revision`, by default the workflow's newest.
 
@@ -136,7 +138,13 @@ def create_run(
         ).strip()
     with transaction.atomic():
         run = WorkflowRun.objects.create(
-            workflow=workflow, revision=revision, parameters=bound, event=event, created_by=created_by
+            workflow=workflow,
+            revision=revision,
+            parameters=bound,
+            event=event,
+            schedule=schedule,
+            scheduled_for=scheduled_for,
+            created_by=created_by,
         )
         StepRun.objects.bulk_create(
             StepRun(

@@ -14,23 +14,29 @@ from django.views.decorators.debug import sensitive_variables
 from connections.models import name_validator
 from relay import vault
 from relay.tokens import PlainToken
-from workflows.dialect import validate, yamlload
+from workflows.dialect import cron, validate, yamlload
 from workflows.dialect.problems import DocumentError, child_pointer
+from workflows.dialect.workflow import Trigger as ParsedTrigger
 from workflows.dialect.workflow import Workflow as ParsedWorkflow
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class NewPushTrigger:
-    """A push trigger a revision made, with its token: shown once, in the answer that saved
-    the revision (the token is kept nowhere else but Vault)."""
+class NewTrigger:
+    """A push or webhook trigger a revision made, with its token: shown once, in the answer
+    that saved the revision (the token is kept nowhere else but Vault)."""
 
     name: str
+    kind: str  # push or webhook
     token: PlainToken
+    url: str = ""  # a webhook trigger's: where its events go
 
     def as_dict(self) -> dict[str, str]:
-        return {"name": self.name, "type": "push", "token": str(self.token)}
+        shown = {"name": self.name, "type": self.kind, "token": str(self.token)}
+        if self.url:
+            shown["url"] = self.url
+        return shown
 
 
 class Workflow(models.Model):
@@ -56,61 +62,99 @@ class Workflow(models.Model):
         return self.revisions.order_by("-number").first()
 
     def add_revision(self, source: str, user: object | None) -> "WorkflowRevision":
-        """Saves `source`, verbatim, as the next revision, and the workflow's push triggers
-        with it (sync_push_triggers). Raises DocumentError (with the problems and their
-        places) when it is not a valid workflow, and VaultUnavailable when a new trigger's
-        token cannot be kept (nothing is saved then). The new triggers' tokens are on the
-        returned revision's `new_push_triggers`, on that object only."""
+        """Saves `source`, verbatim, as the next revision, and the workflow's triggers with
+        it (sync_token_triggers, sync_schedules). Raises DocumentError (with the problems and
+        their places) when it is not a valid workflow, and VaultUnavailable when a new
+        trigger's token cannot be kept (nothing is saved then). The new triggers' tokens are
+        on the returned revision's `new_triggers`, on that object only."""
         document = validate.parse(source)
-        _check_push_trigger_names(source, document)
+        _check_trigger_names(source, document)
         with transaction.atomic():
             # The row lock serialises two saves of one workflow, so their numbers differ.
             self.updated = timezone.now()
             Workflow.objects.select_for_update().filter(pk=self.pk).update(updated=self.updated)
             last = self.revisions.aggregate(last=models.Max("number"))["last"] or 0
             revision = self.revisions.create(number=last + 1, source=source, created_by=user)
-            revision.new_push_triggers = self.sync_push_triggers(document)
+            revision.new_triggers = self.sync_token_triggers(document)
+            self.sync_schedules(document)
             return revision
 
-    def sync_push_triggers(self, document: ParsedWorkflow) -> tuple[NewPushTrigger, ...]:
-        """Make the push triggers (triggers.Trigger) the document declares and this workflow
-        has not, each with a new token; delete those it no longer declares (their tokens stop
-        working, their events go). A name kept keeps its trigger, token and filters. Returns
-        the new ones. Call under the workflow's row lock (add_revision takes it)."""
+    def sync_token_triggers(self, document: ParsedWorkflow) -> tuple[NewTrigger, ...]:
+        """Make the push and webhook triggers (triggers.Trigger) the document declares and
+        this workflow has not, each with a new token; delete those it no longer declares
+        (their tokens stop working, their events go). A name kept with its kind keeps its
+        trigger, token and filters; a name whose kind changed is a new trigger. Returns the
+        new ones. Call under the workflow's row lock (add_revision takes it)."""
         from triggers.models import Trigger
 
-        wanted = [trigger.name for trigger in document.triggers if trigger.kind == "push"]
+        wanted = {t.name: t for t in document.triggers if t.kind in ("push", "webhook")}
         current = {trigger.name: trigger for trigger in Trigger.objects.filter(workflow=self)}
-        for name, trigger in current.items():
-            if name not in wanted:
+        for name, trigger in list(current.items()):
+            spec = wanted.get(name)
+            if spec is None or spec.kind != trigger.kind:
                 trigger.delete()
-                log.info("push trigger %s of workflow %s deleted", trigger.pk, self.pk)
+                del current[name]
+                log.info("%s trigger %s of workflow %s deleted", trigger.kind, trigger.pk, self.pk)
+            elif spec.kind == "webhook" and trigger.image != _image(spec):
+                Trigger.objects.filter(pk=trigger.pk).update(image=_image(spec))
         made = []
-        for name in wanted:
+        for name, spec in wanted.items():
             if name not in current:
-                _, token = Trigger.create_with_token(
+                trigger, token = Trigger.create_with_token(
                     owner=self.owner,
                     workflow=self,
                     name=name,
-                    description=f"Push trigger {name!r} of workflow {self.name!r}.",
+                    kind=spec.kind,
+                    image=_image(spec),
+                    description=f"{spec.kind.capitalize()} trigger {name!r} of workflow {self.name!r}.",
                 )
-                made.append(NewPushTrigger(name, token))
+                made.append(NewTrigger(name, spec.kind, token, trigger.webhook_url()))
         return tuple(made)
 
+    def sync_schedules(self, document: ParsedWorkflow) -> None:
+        """Make, change and delete the workflow's schedules (triggers.Schedule) as the
+        document declares them. A schedule kept as written keeps its next time; a new or
+        changed one is next due at its first time after now (never at once). Call under the
+        workflow's row lock (add_revision takes it)."""
+        from triggers.models import Schedule
 
-def _check_push_trigger_names(source: str, document: ParsedWorkflow) -> None:
-    """A push trigger is a row here, named as in the document: its name must fit the row."""
-    from triggers.models import Trigger
+        now = timezone.now()
+        wanted = {t.name: t.schedule for t in document.triggers if t.kind == "schedule"}
+        for schedule in Schedule.objects.filter(workflow=self):
+            text = wanted.pop(schedule.name, None)
+            if text is None:
+                schedule.delete()
+            elif text != schedule.schedule:
+                schedule.schedule = text
+                schedule.next_due = cron.parse(text).next_after(now)
+                schedule.save(update_fields=["schedule", "next_due"])
+        for name, text in wanted.items():
+            Schedule.objects.create(
+                workflow=self, name=name, schedule=text, next_due=cron.parse(text).next_after(now)
+            )
 
-    longest = Trigger._meta.get_field("name").max_length
-    too_long = [t for t in document.triggers if t.kind == "push" and len(t.name) > longest]
+
+def _image(spec: "ParsedTrigger") -> str:
+    return spec.container.image if spec.container is not None else ""
+
+
+def _check_trigger_names(source: str, document: ParsedWorkflow) -> None:
+    """A trigger is a row here, named as in the document: its name must fit the row."""
+    from triggers.models import Schedule, Trigger
+
+    longest = {
+        "push": Trigger._meta.get_field("name").max_length,
+        "webhook": Trigger._meta.get_field("name").max_length,
+        "schedule": Schedule._meta.get_field("name").max_length,
+    }
+    too_long = [t for t in document.triggers if len(t.name) > longest[t.kind]]
     if too_long:
         loaded = yamlload.load(source)
         raise DocumentError(
             [
                 loaded.problem(
                     child_pointer(trigger.pointer, "name"),
-                    f"A push trigger's name is at most {longest} characters here.",
+                    f"A {trigger.kind} trigger's name is at most {longest[trigger.kind]} characters here.",
                 )
                 for trigger in too_long
             ]
@@ -142,7 +186,7 @@ class WorkflowRevision(models.Model):
 
     # The push triggers that saving this revision made (Workflow.add_revision), with their
     # tokens: on the object add_revision returns, never stored.
-    new_push_triggers: tuple[NewPushTrigger, ...] = ()
+    new_triggers: tuple[NewTrigger, ...] = ()
 
     def __str__(self) -> str:
         return f"{self.workflow.name} #{self.number}"
@@ -217,6 +261,12 @@ class WorkflowRun(models.Model):
     event = models.ForeignKey(
         "triggers.Event", null=True, blank=True, on_delete=models.SET_NULL, related_name="workflow_runs"
     )
+    # The schedule trigger that started it, and the slot it was due for (a schedule missed
+    # while the service was down runs once, for the first slot it missed).
+    schedule = models.ForeignKey(
+        "triggers.Schedule", null=True, blank=True, on_delete=models.SET_NULL, related_name="workflow_runs"
+    )
+    scheduled_for = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -235,7 +285,13 @@ class WorkflowRun(models.Model):
         constraints = [
             models.UniqueConstraint(
                 fields=["event"], condition=models.Q(event__isnull=False), name="one_run_per_event"
-            )
+            ),
+            # And a schedule one per slot: the database holds it whatever the beats do.
+            models.UniqueConstraint(
+                fields=["schedule", "scheduled_for"],
+                condition=models.Q(schedule__isnull=False),
+                name="one_run_per_schedule_slot",
+            ),
         ]
 
     def __str__(self) -> str:

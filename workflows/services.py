@@ -1,22 +1,28 @@
-"""Runs that push events start.
+"""Runs that triggers start: push and webhook events, and schedules.
 
 A workflow's push trigger (a triggers.Trigger its document declares: Workflow.add_revision)
 receives Puppet reports like any trigger; the worker reads each one, applies the trigger's
 filters and records it `matched` with its data (triggers.services). Then, in a task of its
 own (workflows.tasks.start_run_for_event), start_run_for_event evaluates the trigger's `when`
 with that data as `event`, binds the parameters (`binding.parameters`: `!Data host`,
-`${event.noop}`) and starts a run of the workflow linked to the event.
+`${event.noop}`) and starts a run of the workflow linked to the event. A webhook trigger's
+event (triggers.webhooks) goes the same way, its JSON body being its data.
+
+Schedule triggers (triggers.Schedule) start runs from beat: start_due_schedules.
 """
 
 import logging
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from django.db import transaction
+from django.utils import timezone
 
-from triggers.models import Event, WorkflowStart
+from triggers.models import Event, Schedule, WorkflowStart
 from triggers.reports import EVENT_DATA_MAX_BYTES
 from workflows import engine
+from workflows.dialect import cron
 from workflows.dialect.errors import EvaluationError
 from workflows.dialect.evaluate import Data, evaluate
 from workflows.dialect.values import type_name
@@ -44,10 +50,11 @@ def start_run_for_event(event_id: str) -> WorkflowRun | None:
             return None  # started or skipped already (or deleted)
         workflow = event.trigger.workflow
         revision = workflow.latest_revision() if workflow is not None else None
-        spec = _push_trigger(revision, event.trigger.name)
+        kind = event.trigger.kind
+        spec = _trigger_spec(revision, kind, event.trigger.name)
         if workflow is None or revision is None or spec is None:
             # The revision that removed the trigger is being saved: the trigger goes with it.
-            _skip(event, f"The workflow no longer has a push trigger named {event.trigger.name!r}.")
+            _skip(event, f"The workflow no longer has a {kind} trigger named {event.trigger.name!r}.")
             return None
         if event.data is None:
             _skip(event, f"Its data is larger than {EVENT_DATA_MAX_BYTES} bytes: no workflow run.")
@@ -66,13 +73,70 @@ def start_run_for_event(event_id: str) -> WorkflowRun | None:
     return run
 
 
-def _push_trigger(revision: Any, name: str) -> TriggerSpec | None:
+def _trigger_spec(revision: Any, kind: str, name: str) -> TriggerSpec | None:
     if revision is None:
         return None
     for trigger in engine.parsed(revision.pk).triggers:
-        if trigger.kind == "push" and trigger.name == name:
+        if trigger.kind == kind and trigger.name == name:
             return trigger
     return None
+
+
+# Schedule triggers ------------------------------------------------------------------------------
+
+# A tick starts at most this many; the rest are due still, and the next tick takes them.
+SCHEDULES_PER_TICK = 200
+
+
+def start_due_schedules(now: datetime | None = None) -> int:
+    """Start a run for each schedule trigger that is due (an index on next_due finds them;
+    nothing else is read); returns how many started. Safe to run from any number of beats
+    and workers at once: each slot is taken once (start_scheduled_run)."""
+    now = now or timezone.now()
+    due = Schedule.objects.filter(next_due__lte=now).order_by("next_due").values_list("pk", flat=True)
+    return sum(start_scheduled_run(pk, now) is not None for pk in due[:SCHEDULES_PER_TICK])
+
+
+def start_scheduled_run(schedule_id: Any, now: datetime) -> WorkflowRun | None:
+    """Take the schedule's due slot and start its run, in one transaction; None when another
+    worker took the slot first, or its `when` was false (the schedule's last_note says why).
+
+    The next time is the first one after `now`, not after the slot: a schedule that missed
+    many slots (the service was down) runs once for them all, then keeps to its times. A
+    schedule trigger has no event: its `when` and bindings see `event` as an empty object, as
+    on Relay, so `!Data x` there does not resolve and the run says which binding failed."""
+    with transaction.atomic():
+        schedule = Schedule.objects.select_related("workflow__owner").filter(pk=schedule_id).first()
+        if schedule is None or schedule.next_due > now:
+            return None
+        slot = schedule.next_due
+        if not schedule.take(now, cron.parse(schedule.schedule).next_after(now)):
+            return None  # another worker took this slot
+        workflow = schedule.workflow
+        revision = workflow.latest_revision()
+        spec = _trigger_spec(revision, "schedule", schedule.name)
+        if revision is None or spec is None:
+            # The revision that removes it is being saved: the schedule goes with it.
+            return None
+        data = Data(event={}, event_available=True)
+        holds, why = _holds(spec.when, data)
+        if not holds:
+            schedule.note(why)
+            log.info("schedule %s started no run for %s: %s", schedule.pk, slot.isoformat(), why)
+            return None
+        parameters, unbound = _bind(spec.binding_parameters, data)
+        run = engine.create_run(
+            workflow,
+            parameters,
+            strict=False,
+            revision=revision,
+            unbound=unbound,
+            schedule=schedule,
+            scheduled_for=slot,
+        )
+        schedule.note(f"Started run {run.pk}.")
+    log.info("schedule %s started workflow run %s for %s", schedule.pk, run.pk, slot.isoformat())
+    return run
 
 
 def _skip(event: Event, why: str) -> None:

@@ -48,3 +48,11 @@ def start_run_for_event(event_id: str) -> None:
 @shared_task(acks_late=True)
 def sweep_workflow_runs() -> int:
     return engine.sweep()
+
+
+@shared_task(acks_late=True)
+def start_due_schedules() -> int:
+    """From beat, every SCHEDULE_TICK_INTERVAL seconds: a run for each schedule trigger that
+    is due (workflows.services.start_due_schedules). No retry: the next tick does the work
+    of one that failed, and two ticks at once start nothing twice."""
+    return services.start_due_schedules()

@@ -1,3 +1,5 @@
+import uuid
+
 from django.core.files.storage import storages
 from django.db.models import QuerySet
 from django.http import FileResponse
@@ -17,6 +19,7 @@ from relay.api.authentication import TriggerTokenAuthentication
 from relay.api.exceptions import Conflict
 from relay.api.permissions import IsTrigger, may_for_all
 from relay.api.views import TokenHolderViewSet
+from triggers import webhooks
 from triggers.api.serializers import (
     REPORT_STATUSES,
     EventListSerializer,
@@ -25,7 +28,7 @@ from triggers.api.serializers import (
     TriggerTokenSerializer,
 )
 from triggers.ingest import receive
-from triggers.models import Event, EventState, Trigger
+from triggers.models import Event, EventState, Trigger, TriggerKind
 from triggers.objects import body_name
 
 
@@ -72,7 +75,44 @@ class EventIngestView(APIView):
         responses={202: inline_serializer("EventAccepted", {"id": serializers.UUIDField()})},
     )
     def post(self, request: Request) -> Response:
-        event, _ = receive(request._request, request.auth)
+        trigger = request.auth
+        if trigger.kind != TriggerKind.PUSH:
+            raise exceptions.PermissionDenied(
+                f"This is a {trigger.kind} trigger's token: send its events to its own URL, "
+                f"{trigger.webhook_url()}"
+            )
+        event, _ = receive(request._request, trigger)
+        return Response({"id": str(event.id)}, status=status.HTTP_202_ACCEPTED)
+
+
+class WebhookIngestView(APIView):
+    """`POST /api/webhooks/{id}/`: a webhook trigger's URL. The body, any JSON object, is the
+    event as it is (what `!Data` and `${event}` read in the trigger's `when` and binding),
+    with the trigger's own token as Bearer or as the Basic password (so a sender that can set
+    no header may put it in the URL's user part). Answers 202 with the event id once the
+    body and the event are stored; a worker starts the run. An `Idempotency-Key` header makes
+    a resend the same event. Only images that pass the body through are stood in for
+    (WEBHOOK_PASS_THROUGH_IMAGES); another image's trigger refuses events with a 409."""
+
+    authentication_classes = [TriggerTokenAuthentication]
+    permission_classes = [IsTrigger]
+    parser_classes: list = []  # the body is streamed to storage, then checked
+
+    @extend_schema(
+        request={"application/json": dict},
+        responses={
+            202: inline_serializer("WebhookEventAccepted", {"id": serializers.UUIDField()}),
+            409: OpenApiResponse(
+                description="The trigger's image is not a pass-through (an RFC 9457 problem)."
+            ),
+        },
+    )
+    def post(self, request: Request, trigger_id: uuid.UUID) -> Response:
+        trigger = request.auth
+        if trigger.pk != trigger_id or trigger.kind != TriggerKind.WEBHOOK:
+            # Another trigger's token is no key to this URL; said as for an unknown token.
+            raise exceptions.AuthenticationFailed("Invalid token.")
+        event, _ = webhooks.receive(request._request, trigger)
         return Response({"id": str(event.id)}, status=status.HTTP_202_ACCEPTED)
 
 

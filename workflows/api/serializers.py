@@ -5,7 +5,7 @@ from rest_framework import serializers
 
 from connections.models import name_validator
 from relay.api.serializers import JSONObjectField, RejectUnknownFields, StrictCharField
-from triggers.models import Trigger
+from triggers.models import Schedule, Trigger, TriggerKind
 from workflows.dialect.yamlload import MAX_BYTES
 from workflows.models import StepRun, Workflow, WorkflowRevision, WorkflowRun, WorkflowSecret
 
@@ -47,14 +47,32 @@ class WorkflowUpdateSerializer(RejectUnknownFields, serializers.Serializer):
 
 class PushTriggerTokenSerializer(serializers.Serializer):
     name = serializers.CharField()
-    type = serializers.CharField()
+    type = serializers.ChoiceField(["push", "webhook"])
     token = serializers.CharField(help_text="Shown once, in the answer that made the trigger.")
+    url = serializers.URLField(required=False, help_text="A webhook trigger's: where its events go.")
 
 
 class PushTriggerSerializer(serializers.Serializer):
     name = serializers.CharField()
     id = serializers.UUIDField()
     token_prefix = serializers.CharField()
+
+
+class WebhookTriggerSerializer(PushTriggerSerializer):
+    url = serializers.URLField(help_text="Where its events go (POST a JSON object, with its token).")
+    image = serializers.CharField()
+    passes_through = serializers.BooleanField(
+        help_text="Whether its image passes the JSON body through as the event (the only images "
+        "this service stands in for); if not, its URL refuses events with a 409."
+    )
+
+
+class ScheduleTriggerSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    schedule = serializers.CharField()
+    next_due = serializers.DateTimeField()
+    last_due = serializers.DateTimeField(allow_null=True)
+    last_note = serializers.CharField(help_text="What became of the last slot: its run, or why none.")
 
 
 class WorkflowSerializer(serializers.ModelSerializer):
@@ -68,6 +86,10 @@ class WorkflowSerializer(serializers.ModelSerializer):
     push_triggers = serializers.SerializerMethodField(
         help_text="Its push triggers (at /api/triggers/{id}/: their filters, Slack webhook, events)."
     )
+    webhook_triggers = serializers.SerializerMethodField(
+        help_text="Its webhook triggers (their events at /api/triggers/{id}/events/)."
+    )
+    schedule_triggers = serializers.SerializerMethodField(help_text="Its schedule triggers, times in UTC.")
 
     class Meta:
         model = Workflow
@@ -83,6 +105,8 @@ class WorkflowSerializer(serializers.ModelSerializer):
             "secrets",
             "triggers",
             "push_triggers",
+            "webhook_triggers",
+            "schedule_triggers",
         ]
 
     def _latest(self, workflow: Workflow) -> WorkflowRevision | None:
@@ -101,17 +125,39 @@ class WorkflowSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(PushTriggerTokenSerializer(many=True))
     def get_triggers(self, workflow: Workflow) -> list[dict[str, str]]:
-        """The push triggers the document's `triggers:` made in this request (a create, or a
-        revision that names new ones), each with its token, shown this once: the views put
-        the revision's `new_push_triggers` in the context."""
+        """The push and webhook triggers the document's `triggers:` made in this request (a
+        create, or a revision that names new ones), each with its token, shown this once:
+        the views put the revision's `new_triggers` in the context."""
         return [trigger.as_dict() for trigger in self.context.get("new_triggers", ())]
 
     @extend_schema_field(PushTriggerSerializer(many=True))
     def get_push_triggers(self, workflow: Workflow) -> list[dict[str, str]]:
         return [
             {"name": trigger.name, "id": str(trigger.pk), "token_prefix": trigger.token_prefix}
-            for trigger in Trigger.objects.filter(workflow=workflow).order_by("name")
+            for trigger in Trigger.objects.filter(workflow=workflow, kind=TriggerKind.PUSH).order_by("name")
         ]
+
+    @extend_schema_field(WebhookTriggerSerializer(many=True))
+    def get_webhook_triggers(self, workflow: Workflow) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": trigger.name,
+                "id": str(trigger.pk),
+                "token_prefix": trigger.token_prefix,
+                "url": trigger.webhook_url(),
+                "image": trigger.image,
+                "passes_through": trigger.passes_through,
+            }
+            for trigger in Trigger.objects.filter(workflow=workflow, kind=TriggerKind.WEBHOOK).order_by(
+                "name"
+            )
+        ]
+
+    @extend_schema_field(ScheduleTriggerSerializer(many=True))
+    def get_schedule_triggers(self, workflow: Workflow) -> list[dict[str, Any]]:
+        return ScheduleTriggerSerializer(
+            Schedule.objects.filter(workflow=workflow).order_by("name"), many=True
+        ).data
 
     def get_secrets(self, workflow: Workflow) -> list[str]:
         return [secret.name for secret in WorkflowSecret.objects.filter(workflow=workflow)]

@@ -210,7 +210,7 @@ class WorkflowViewSet(viewsets.GenericViewSet):
             raise exceptions.ValidationError(
                 {"name": ["You already have a workflow with this name."]}, "unique"
             ) from None
-        body = WorkflowSerializer(workflow, context={"new_triggers": revision.new_push_triggers}).data
+        body = WorkflowSerializer(workflow, context={"new_triggers": revision.new_triggers}).data
         return Response(body, status=status.HTTP_201_CREATED, headers=NO_STORE)
 
     def update(self, request: Request, name: str) -> Response:
@@ -227,7 +227,7 @@ class WorkflowViewSet(viewsets.GenericViewSet):
                     workflow.save(update_fields=["description", "updated"])
         except DocumentError as exc:
             return invalid_document(request, exc.problems)
-        body = WorkflowSerializer(workflow, context={"new_triggers": revision.new_push_triggers}).data
+        body = WorkflowSerializer(workflow, context={"new_triggers": revision.new_triggers}).data
         return Response(body, headers=NO_STORE)
 
     def destroy(self, request: Request, name: str) -> Response:

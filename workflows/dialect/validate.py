@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 from jsonschema import Draft7Validator, FormatChecker, ValidationError
 
-from workflows.dialect import expr
+from workflows.dialect import cron, expr
 from workflows.dialect.errors import EvaluationError, ExpressionError, PathError
 from workflows.dialect.evaluate import TEMPLATE_NAMES, Data, WorkflowEvaluator
 from workflows.dialect.fnlib import LIBRARY, ArgumentError
@@ -375,6 +375,11 @@ class _Checker:
                 where = child_pointer(child_pointer(pointer, "source"), key)
                 self.check_expressions(source[key], where, found, in_trigger=True)
         kind = source["type"]
+        if kind == "schedule":
+            try:
+                cron.parse(source["schedule"])
+            except cron.InvalidSchedule as exc:
+                self.error(child_pointer(child_pointer(pointer, "source"), "schedule"), str(exc))
         return Trigger(
             name=raw_trigger["name"],
             kind=kind,
