@@ -339,10 +339,20 @@ def test_a_push_trigger_name_too_long_for_its_row_is_a_document_error(api):
 
 def test_schedule_and_webhook_triggers_make_no_push_trigger(api):
     source = REPORTED.replace(
-        "steps:\n", "- name: nightly\n  source: {type: schedule, schedule: '0 3 * * *'}\nsteps:\n"
+        "steps:\n",
+        "- name: nightly\n  source: {type: schedule, schedule: '0 3 * * *'}\n"
+        "- name: hook\n  source: {type: webhook, image: relaysh/stdlib-trigger-json}\nsteps:\n",
     )
-    assert [t["name"] for t in create(api, source)["triggers"]] == ["puppet-report"]
-    assert list(Trigger.objects.values_list("name", flat=True)) == ["puppet-report"]
+    made = create(api, source)
+    assert [(t["name"], t["type"]) for t in made["triggers"]] == [
+        ("puppet-report", "push"),
+        ("hook", "webhook"),
+    ]
+    assert [t["name"] for t in made["push_triggers"]] == ["puppet-report"]
+    assert sorted(Trigger.objects.values_list("name", "kind")) == [
+        ("hook", "webhook"),
+        ("puppet-report", "push"),
+    ]
 
 
 # Binding the same paths whichever way the report came -----------------------------------------

@@ -75,7 +75,9 @@ def _check_media_type(request: HttpRequest) -> None:
     ):
         raise exceptions.UnsupportedMediaType(
             media_type or "(none)",
-            detail=f"Send a JSON object as application/json, not {media_type or 'no Content-Type'}.",
+            detail=f"Send a JSON object as application/json, not {media_type}."
+            if media_type
+            else "Send a JSON object as application/json; the request has no Content-Type.",
         )
     encoding = request.META.get("HTTP_CONTENT_ENCODING", "identity").strip().lower()
     if encoding not in ("identity", "gzip"):
