@@ -13,6 +13,7 @@ class TriggerAdmin(TokenHolderAdmin):
 
     list_display = [
         "name",
+        "kind",
         "owner",
         "workflow",
         "token_prefix",
@@ -21,9 +22,11 @@ class TriggerAdmin(TokenHolderAdmin):
         "last_used",
         "token_regenerated_at",
     ]
-    list_filter = ["has_slack_webhook", "created", "last_used"]
+    list_filter = ["kind", "has_slack_webhook", "created", "last_used"]
     readonly_fields = [
         "id",
+        "kind",
+        "image",
         "workflow",
         "token_prefix",
         "has_slack_webhook",

@@ -43,11 +43,15 @@ class TriggerSerializer(TokenHolderSerializer):
         help_text="The workflow whose document declares this push trigger (null for a trigger of its own).",
     )
 
+    url = serializers.SerializerMethodField(help_text="A webhook trigger's: where its events go.")
+
     class Meta:
         model = Trigger
         fields = [
             "id",
             "name",
+            "kind",
+            "url",
             "description",
             "owner",
             "workflow",
@@ -64,7 +68,10 @@ class TriggerSerializer(TokenHolderSerializer):
             "last_used",
             "token_regenerated_at",
         ]
-        read_only_fields = ["id", "has_slack_webhook", "created", "last_used", "token_regenerated_at"]
+        read_only_fields = ["id", "kind", "has_slack_webhook", "created", "last_used", "token_regenerated_at"]
+
+    def get_url(self, trigger: Trigger) -> str | None:
+        return trigger.webhook_url() or None
 
     def validate_name(self, name: str) -> str:
         if self.instance is not None and self.instance.workflow_id is not None:

@@ -201,6 +201,12 @@ class WorkflowRunSerializer(serializers.ModelSerializer):
     revision = serializers.IntegerField(source="revision.number", read_only=True)
     created_by = serializers.CharField(source="created_by.get_username", read_only=True, default=None)
     steps = StepRunSerializer(many=True, read_only=True)
+    schedule = serializers.CharField(
+        source="schedule.name",
+        read_only=True,
+        default=None,
+        help_text="The schedule trigger that started it (its slot in `scheduled_for`).",
+    )
 
     class Meta:
         model = WorkflowRun
@@ -214,6 +220,8 @@ class WorkflowRunSerializer(serializers.ModelSerializer):
             "message",
             "parameters",
             "event",
+            "schedule",
+            "scheduled_for",
             "created_by",
             "created_at",
             "started_at",
