@@ -1,7 +1,7 @@
 """Every workflow published in puppetlabs/relay-workflows, saved through the API as it stands:
-accepted (201), the text kept verbatim, its push triggers made with tokens that work, and the
-warnings the validator has for two of them shown by `POST /api/workflows/validate`; and what
-a run does with what those two warnings are about."""
+accepted (201), the text kept verbatim, its push and webhook triggers made with tokens that
+work and its schedules made, and the warnings the validator has for two of them shown by
+`POST /api/workflows/validate`; and what a run does with what those two warnings are about."""
 
 from pathlib import Path
 
@@ -17,7 +17,7 @@ from workflows.models import StepRun, Workflow, WorkflowRun
 
 pytestmark = pytest.mark.django_db
 
-# Those that declare schedule or webhook triggers: helper `trig` builds them (issue 12, §4).
+# Those that declare schedule or webhook triggers.
 SCHEDULE_OR_WEBHOOK = [
     path for path in EVERY_PUBLISHED if any(t.kind != "push" for t in parse(path.read_text()).triggers)
 ]
@@ -36,13 +36,15 @@ def test_every_published_workflow_is_saved_with_its_push_triggers(alice_api: API
     assert body["revision"] == 1 and body["source"] == source
     workflow = Workflow.objects.get(owner__username="alice", name=path.stem)
     assert workflow.latest_revision().source == source
-    # Its push triggers are made, each with its token shown once here, one that finds it.
-    push = declared(path, "push")
-    assert [(t["name"], t["type"]) for t in body["triggers"]] == [(name, "push") for name in push]
+    # Its push and webhook triggers are made, each with its token shown once here, one that
+    # finds it (a webhook's with its URL).
+    tokened = [(t.name, t.kind) for t in parse(source).triggers if t.kind in ("push", "webhook")]
+    assert [(t["name"], t["type"]) for t in body["triggers"]] == tokened
     rows = {t.name: t for t in Trigger.objects.filter(workflow=workflow)}
-    assert sorted(rows) == sorted(push)
+    assert sorted((t.name, t.kind) for t in rows.values()) == sorted(tokened)
     for answer in body["triggers"]:
         assert Trigger.for_token(answer["token"]) == rows[answer["name"]]
+        assert answer.get("url", "") == rows[answer["name"]].webhook_url()
 
 
 def test_the_published_set_declares_every_kind_of_trigger() -> None:
@@ -68,12 +70,6 @@ def test_validate_answers_valid_with_the_published_warnings(alice_api: APIClient
     assert [w["pointer"] for w in body.get("warnings", [])] == expected
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Schedule and webhook triggers are helper trig's (issue 12 §4): today they are "
-    "accepted and make nothing. Lead: once trig is merged this passes (strict, so it then "
-    "fails as XPASS): drop the mark, or adjust it to trig's final models.",
-)
 @pytest.mark.parametrize("path", SCHEDULE_OR_WEBHOOK, ids=lambda p: p.name)
 def test_published_schedule_and_webhook_triggers_are_made(alice_api: APIClient, path: Path) -> None:
     response = alice_api.post(
@@ -81,11 +77,13 @@ def test_published_schedule_and_webhook_triggers_are_made(alice_api: APIClient, 
     )
     assert response.status_code == 201, response.content
     workflow = Workflow.objects.get(owner__username="alice", name=path.stem)
-    # trig's design on its branch: a Schedule row per schedule trigger, a Trigger row of kind
-    # webhook per webhook trigger.
+    # A Schedule row per schedule trigger (its cron read), a Trigger row of kind webhook per
+    # webhook trigger. Only firehydrant-rollback's image (relaysh/stdlib-trigger-json) passes
+    # the body through; the other images' URLs refuse events (README "Webhook triggers").
     assert sorted(s.name for s in workflow.schedules.all()) == sorted(declared(path, "schedule"))
     webhooks = Trigger.objects.filter(workflow=workflow, kind="webhook")
     assert sorted(t.name for t in webhooks) == sorted(declared(path, "webhook"))
+    assert any(t.passes_through for t in webhooks) == (path.name == "firehydrant-rollback.yaml")
 
 
 # What the two relaxed checks do when a run meets them (in-process: no worker; the engine's
