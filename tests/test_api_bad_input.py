@@ -140,3 +140,18 @@ def test_the_events_door_takes_deep_json_without_a_500(alice):
     _, trigger_token = Trigger.create_with_token(owner=alice, name="reports")
     response = post(str(trigger_token), ARRAYS, "application/json")
     assert response.status_code == 202  # stored; the worker finds it unreadable
+
+
+@pytest.mark.parametrize(
+    ("path", "param"),
+    [
+        ("/api/workflow-runs/", "owner"),
+        ("/api/workflow-runs/", "workflow"),
+        ("/api/workflow-runs/", "status"),
+        ("/api/workflows/", "owner"),
+    ],
+)
+def test_a_nul_in_a_text_filter_is_400_not_500(alice_api, path, param):
+    # Found by the fuzzer: PostgreSQL refuses a NUL in any text, a query's included.
+    problem = assert_problem(alice_api.get(path, {param: "a\x00b"}), 400)
+    assert problem["errors"][0]["pointer"] == f"#/{param}"

@@ -24,3 +24,14 @@ def query_int(request: Request, name: str, default: int, lowest: int = 0, highes
         return int(raw)
     bounds = f"from {lowest} to {highest}" if highest is not None else f"of at least {lowest}"
     raise exceptions.ValidationError({name: [f"A whole number {bounds} (ASCII digits)."]})
+
+
+def query_text(request: Request, name: str) -> str | None:
+    """The query parameter `name` as text, or None when absent or empty. A NUL character is a
+    400: PostgreSQL refuses it in any text, even a query's, which would be a 500."""
+    value = request.query_params.get(name)
+    if not value:
+        return None
+    if "\x00" in value:
+        raise exceptions.ValidationError({name: ["Null characters are not allowed."]})
+    return value

@@ -17,6 +17,7 @@ from rest_framework.views import APIView
 
 from relay.api.authentication import TriggerTokenAuthentication
 from relay.api.exceptions import Conflict
+from relay.api.params import query_text
 from relay.api.permissions import IsTrigger, may_for_all
 from relay.api.views import TokenHolderViewSet
 from triggers import webhooks
@@ -163,13 +164,11 @@ class EventViewSet(
             raise exceptions.NotFound("No such trigger.")
         events = Event.objects.filter(trigger=trigger)
         for field, choices in EVENT_FILTERS.items():
-            value = self.request.query_params.get(field)
-            if not value:
+            value = query_text(self.request, field)
+            if value is None:
                 continue
             if choices and value not in choices:
                 raise exceptions.ValidationError({field: [f"One of {', '.join(choices)}."]})
-            if "\x00" in value:  # PostgreSQL refuses it in any text, even a query's
-                raise exceptions.ValidationError({field: ["Null characters are not allowed."]})
             events = events.filter(**{field: value})
         return events
 

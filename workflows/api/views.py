@@ -30,6 +30,7 @@ from rest_framework.views import APIView
 
 from connections.models import name_validator
 from relay.api.exceptions import Conflict as ConflictError
+from relay.api.params import query_text
 from relay.api.permissions import may_for_all
 from relay.api.problems import PROBLEM_CONTENT_TYPE, problem
 from relay.api.views import NO_STORE
@@ -168,7 +169,7 @@ class WorkflowViewSet(viewsets.GenericViewSet):
     def get_queryset(self) -> QuerySet[Workflow]:
         user = self.request.user
         rows = Workflow.objects.select_related("owner")
-        owner = self.request.query_params.get("owner")
+        owner = query_text(self.request, "owner")
         if owner is not None and owner != user.get_username():
             if not may_for_all(user, "view", Workflow):
                 return rows.none()
@@ -343,15 +344,14 @@ class WorkflowRunViewSet(viewsets.GenericViewSet):
 
     def list(self, request: Request) -> Response:
         runs = self.get_queryset()
-        params = request.query_params
-        if params.get("workflow"):
-            runs = runs.filter(workflow__name=params["workflow"])
-        if params.get("owner"):
-            runs = runs.filter(workflow__owner__username=params["owner"])
-        if params.get("status"):
-            if params["status"] not in RunStatus.values:
+        if (name := query_text(request, "workflow")) is not None:
+            runs = runs.filter(workflow__name=name)
+        if (owner := query_text(request, "owner")) is not None:
+            runs = runs.filter(workflow__owner__username=owner)
+        if (wanted := query_text(request, "status")) is not None:
+            if wanted not in RunStatus.values:
                 raise exceptions.ValidationError({"status": [f"One of {', '.join(RunStatus.values)}."]})
-            runs = runs.filter(status=params["status"])
+            runs = runs.filter(status=wanted)
         page = self.paginate_queryset(runs)
         return self.get_paginated_response(WorkflowRunSerializer(page, many=True).data)
 
