@@ -20,6 +20,8 @@ urlpatterns = [
     path("api/events", EventIngestView.as_view(), name="events"),
     path("_puppet/", include("runs.api.urls")),
     path("healthz", healthz, name="healthz"),
+    # The step runtime API (relay-core's metadata API) for running steps, at the root.
+    path("", include("stepruntime.urls")),
 ]
 
 handler400 = "relay.api.problems.handler400"
