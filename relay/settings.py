@@ -83,6 +83,7 @@ INSTALLED_APPS = [
     "runs",
     "triggers",
     "workflows",
+    "stepruntime",
 ]
 
 MIDDLEWARE = [
@@ -365,6 +366,11 @@ WORKFLOW_STEP_LEASE = env.int("WORKFLOW_STEP_LEASE", default=300)
 WORKFLOW_STEP_MAX_ATTEMPTS = env.int("WORKFLOW_STEP_MAX_ATTEMPTS", default=5)
 WORKFLOW_STUCK_AFTER = env.int("WORKFLOW_STUCK_AFTER", default=60)  # idle runs the sweeper looks at
 # The internal do-nothing step image (workflows/steps/noop.py), for tests and the bench only.
+# The step runtime API's base URL as a running step reaches it (the service itself, at the URL
+# root); a step's METADATA_API_URL is this with the step's credential as its user part.
+STEP_RUNTIME_URL = env.str(
+    "STEP_RUNTIME_URL", default=f"http://127.0.0.1:{env.int('PORT', default=8000)}"
+).rstrip("/")
 WORKFLOW_NOOP_STEPS = env.bool("WORKFLOW_NOOP_STEPS", default=False)
 
 # How often "last used" may be written for one token.

@@ -21,6 +21,8 @@ urlpatterns = [
     path("api/webhooks/<uuid:trigger_id>/", WebhookIngestView.as_view(), name="webhook"),
     path("_puppet/", include("runs.api.urls")),
     path("healthz", healthz, name="healthz"),
+    # The step runtime API (relay-core's metadata API) for running steps, at the root.
+    path("", include("stepruntime.urls")),
 ]
 
 handler400 = "relay.api.problems.handler400"

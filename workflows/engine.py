@@ -22,7 +22,7 @@ condition on its status in a later step's `when` was true (that step lists it in
 """
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import Any, Literal
@@ -568,6 +568,21 @@ def _evaluate(tree: Any, data: Data, lookups: _Lookups) -> Result:
         if result.complete or not lookups.fill(data, result.unresolvable):
             return result
     return result
+
+
+def resolve(run: WorkflowRun, evaluation: Callable[[Data], Result]) -> tuple[Result, Data]:
+    """`evaluation(data)` against what `run` knows now (parameters, outputs, ended steps'
+    statuses), with secrets and connections read when it asks for them, as a step's start
+    evaluates its spec: how the step runtime API (stepruntime) answers a running step.
+    Returns the result and the data it used (`data.secrets`: the secrets it read). Raises
+    EvaluationError."""
+    data = _data(run, _steps(run, "outputs"))
+    lookups = _Lookups(run)
+    for _ in range(4):
+        result = evaluation(data)
+        if result.complete or not lookups.fill(data, result.unresolvable):
+            break
+    return result, data
 
 
 def describe(missing: Unresolvable) -> str:

@@ -1,3 +1,4 @@
+import json
 import logging
 import uuid
 from dataclasses import dataclass
@@ -332,6 +333,35 @@ class WorkflowRun(models.Model):
             raise Conflict(f"The run is complete ({self.outcome}); there is nothing to cancel.")
 
 
+class JSONMerge(models.Func):
+    """`column` with `values`' keys set (each value replaced whole), computed by the database,
+    so that two writers of different keys never lose each other's (an output set through the
+    step runtime API while the engine records the step's end). PostgreSQL: jsonb `||`;
+    SQLite: json_set, one path per key (keys may not contain a double quote there)."""
+
+    output_field = models.JSONField()
+
+    def __init__(self, column: str, values: dict[str, Any]) -> None:
+        super().__init__(models.F(column))
+        self.values = values
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        column, params = compiler.compile(self.source_expressions[0])
+        return f"(COALESCE({column}, '{{}}'::jsonb) || %s::jsonb)", [*params, json.dumps(self.values)]
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        column, params = compiler.compile(self.source_expressions[0])
+        if not self.values:
+            return f"COALESCE({column}, '{{}}')", list(params)
+        pairs, values = [], []
+        for key, value in self.values.items():
+            if '"' in key:
+                raise ValueError(f"a JSON key with a double quote cannot be set on SQLite: {key!r}")
+            pairs.append("%s, json(%s)")
+            values += [f'$."{key}"', json.dumps(value)]
+        return f"json_set(COALESCE({column}, '{{}}'), {', '.join(pairs)})", [*params, *values]
+
+
 class StepKind(models.TextChoices):
     CONTAINER = "container"
     APPROVAL = "approval"
@@ -375,6 +405,8 @@ class StepRun(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     decided_at = models.DateTimeField(null=True, blank=True)
+    # UI decorators the step set through the step runtime API: name -> {"type": "link", …}.
+    decorators = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["run_id", "index"]
@@ -478,16 +510,19 @@ class StepRun(models.Model):
         return self._cas(models.Q(status=StepStatus.IN_PROGRESS, lease_id__isnull=False), woken=True)
 
     def record_done(self, lease: uuid.UUID, success: bool, outputs: dict[str, Any], message: str) -> bool:
-        return self._cas(
+        won = self._cas(
             models.Q(status=StepStatus.IN_PROGRESS, lease_id=lease),
             status=StepStatus.SUCCESS if success else StepStatus.FAILURE,
-            outputs={**self.outputs, **outputs},
+            outputs=JSONMerge("outputs", outputs),
             message=message,
             ended_at=timezone.now(),
             lease_id=None,
             lease_until=None,
             recheck_at=None,
         )
+        if won:
+            self.refresh_from_db(fields=["outputs"])
+        return won
 
     def record_wait(
         self,
@@ -498,16 +533,39 @@ class StepRun(models.Model):
         wake_on: tuple[str, str] | None,
     ) -> bool:
         kind, key = wake_on or ("", "")
-        return self._cas(
+        won = self._cas(
             models.Q(status=StepStatus.IN_PROGRESS, lease_id=lease),
             state=state,
-            outputs={**self.outputs, **outputs},
+            outputs=JSONMerge("outputs", outputs),
             recheck_at=recheck_at,
             wake_kind=kind,
             wake_key=key,
             lease_id=None,
             lease_until=None,
             attempts=0,
+        )
+        if won:
+            self.refresh_from_db(fields=["outputs"])
+        return won
+
+    # The step runtime API (stepruntime): the running step itself writes these, so they merge
+    # in the database (JSONMerge) and only while the step is in progress.
+
+    def put_output(self, name: str, value: Any) -> bool:
+        """Set one output while the step runs; False when it has ended."""
+        return bool(
+            StepRun.objects.filter(pk=self.pk, status=StepStatus.IN_PROGRESS).update(
+                outputs=JSONMerge("outputs", {name: value})
+            )
+        )
+
+    def put_decorator(self, name: str, value: dict[str, Any]) -> bool:
+        """Set one UI decorator (`{"type": "link", …}`) while the step runs; False when it
+        has ended."""
+        return bool(
+            StepRun.objects.filter(pk=self.pk, status=StepStatus.IN_PROGRESS).update(
+                decorators=JSONMerge("decorators", {name: value})
+            )
         )
 
     def take_wake(self) -> bool:

@@ -22,8 +22,23 @@ from relay.vault import VaultUnavailable
 
 log = logging.getLogger(__name__)
 PROBLEM_CONTENT_TYPE = "application/problem+json"
-# Paths whose errors are problem documents even when Django, not DRF, answers them.
-API_PREFIXES = ("/api/", "/_puppet/")
+# Paths whose errors are problem documents even when Django, not DRF, answers them (the step
+# runtime API's are at the URL root: stepruntime.urls).
+API_PREFIXES = (
+    "/api/",
+    "/_puppet/",
+    "/conditions",
+    "/decorators/",
+    "/events",
+    "/environment",
+    "/logs",
+    "/outputs/",
+    "/secrets/",
+    "/spec",
+    "/status",
+    "/validate",
+    "/workflows/",
+)
 
 
 def problem(status_code: int, detail: str, code: str, instance: str = "", **extra: Any) -> dict[str, Any]:

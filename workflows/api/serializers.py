@@ -186,6 +186,7 @@ class StepRunSerializer(serializers.ModelSerializer):
             "image",
             "status",
             "outputs",
+            "decorators",
             "started_at",
             "ended_at",
             "message",

@@ -1,0 +1,143 @@
+"""What the step runtime API keeps: each running step's credential, and what a step sent
+that has no place on workflows.StepRun (logs, events, its reported status).
+
+A credential is a token of kind `rlys` (relay.tokens: lookup part and peppered digest only),
+one per step run. It opens the API only while its step run is `in-progress`, checked on
+every request, so it expires when the step ends without any revoke.
+"""
+
+import hmac
+import uuid
+from typing import Any, Self
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+from django.views.decorators.debug import sensitive_variables
+
+from relay import tokens
+from workflows.models import JSONMerge, StepRun, StepStatus
+
+
+class StepCredential(models.Model):
+    """The credential of one step run (its METADATA_API_URL's user part)."""
+
+    TOKEN_PREFIX = "rlys"
+
+    step_run = models.OneToOneField(StepRun, on_delete=models.CASCADE, related_name="credential")
+    token_lookup = models.CharField(max_length=tokens.LOOKUP_LENGTH, unique=True, editable=False)
+    token_digest = models.CharField(max_length=64, editable=False)
+    token_pepper_id = models.PositiveSmallIntegerField(editable=False)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    # What the step last said with PUT /status (relay-core's process state and when
+    # condition), kept for people: the engine decides the step's status itself.
+    reported_status = models.JSONField(null=True, blank=True)
+    # PUT /outputs/{name}/metadata: output name -> {"sensitive": bool}.
+    output_metadata = models.JSONField(default=dict, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.TOKEN_PREFIX}_{self.token_lookup}…"
+
+    @classmethod
+    @sensitive_variables("token")
+    def issue(cls, step_run_id: Any) -> tokens.PlainToken:
+        """A new token for the step run, replacing any earlier one (which stops working when
+        this commits)."""
+        token = tokens.generate(cls.TOKEN_PREFIX)
+        lookup = tokens.parse(token, cls.TOKEN_PREFIX)
+        assert lookup is not None
+        pepper_id = tokens.current_pepper_id()
+        cls.objects.update_or_create(
+            step_run_id=step_run_id,
+            defaults={
+                "token_lookup": lookup.lookup,
+                "token_digest": tokens.digest(token, pepper_id),
+                "token_pepper_id": pepper_id,
+                "created_at": timezone.now(),
+            },
+        )
+        return token
+
+    @classmethod
+    @sensitive_variables("raw")
+    def for_token(cls, raw: str) -> "Self | None":
+        """The credential this token belongs to, with its step run, run and workflow loaded
+        (one query), or None. Unknown, malformed and wrong tokens are indistinguishable."""
+        parsed = tokens.parse(raw, cls.TOKEN_PREFIX)
+        if parsed is None:
+            return None
+        found = (
+            cls.objects.select_related("step_run__run__workflow__owner")
+            .filter(token_lookup=parsed.lookup)
+            .first()
+        )
+        if found is None or found.token_pepper_id not in settings.TOKEN_PEPPERS:
+            hmac.compare_digest(tokens.digest(raw, tokens.current_pepper_id()), "0" * 64)
+            return None
+        if not hmac.compare_digest(tokens.digest(raw, found.token_pepper_id), found.token_digest):
+            return None
+        return found
+
+    @property
+    def live(self) -> bool:
+        """Whether its step is running (the only time the credential opens anything)."""
+        return self.step_run.status == StepStatus.IN_PROGRESS
+
+    def set_output_metadata(self, name: str, metadata: dict[str, Any]) -> bool:
+        """False when the step has ended (its outputs are final)."""
+        return bool(
+            StepCredential.objects.filter(pk=self.pk, step_run__status=StepStatus.IN_PROGRESS).update(
+                output_metadata=JSONMerge("output_metadata", {name: metadata})
+            )
+        )
+
+    def report_status(self, status: dict[str, Any]) -> None:
+        StepCredential.objects.filter(pk=self.pk).update(reported_status=status)
+        self.reported_status = status
+
+
+class StepLog(models.Model):
+    """A log a step opened with POST /logs; its messages follow (POST /logs/{id}/messages).
+    relay-core's bodies are protobuf messages of its log service: kept here as sent."""
+
+    MAX_MESSAGES = 10_000
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    step_run = models.ForeignKey(StepRun, on_delete=models.CASCADE, related_name="runtime_logs")
+    header = models.BinaryField(max_length=65_536)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["step_run_id", "created_at"]
+
+    def __str__(self) -> str:
+        return f"log {self.id}"
+
+
+class StepLogMessage(models.Model):
+    log = models.ForeignKey(StepLog, on_delete=models.CASCADE, related_name="messages")
+    body = models.BinaryField(max_length=65_536)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["log_id", "id"]
+
+    def __str__(self) -> str:
+        return f"message {self.pk} of log {self.log_id}"
+
+
+class EmittedEvent(models.Model):
+    """An event a step emitted with POST /events (the SDK's `events.emit`). relay-core takes
+    these from webhook triggers' containers to start their workflow; a step's events are
+    kept, and start nothing."""
+
+    step_run = models.ForeignKey(StepRun, on_delete=models.CASCADE, related_name="emitted_events")
+    key = models.CharField(max_length=255, blank=True)
+    data = models.JSONField(default=dict)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["step_run_id", "id"]
+
+    def __str__(self) -> str:
+        return f"event {self.pk} of step run {self.step_run_id}"
