@@ -11,7 +11,7 @@ class Migration(migrations.Migration):
     initial = True
 
     dependencies = [
-        ('workflows', '0004_step_run_decorators'),
+        ('workflows', '0005_step_run_decorators'),
     ]
 
     operations = [

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('workflows', '0003_one_run_per_event'),
+        ('workflows', '0004_runs_started_by_schedules'),
     ]
 
     operations = [
