@@ -1,0 +1,48 @@
+"""The ASGI application that production, `make run` and the tests' live server serve
+(relay.server): Django, with
+
+- the lifespan: the process's asynchronous database pool (relay.adb) opened at start and
+  closed at the end, and the runs listener stopped;
+- the long-poll's wait (runs.longpoll) in front of Django, so that a waiting bridge holds
+  no thread (Django gives every request a thread of its own for its synchronous parts, from
+  its first signal to its end).
+"""
+
+import logging
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "relay.settings")
+django_application = get_asgi_application()
+
+from relay import adb  # noqa: E402  (after Django is set up)
+from runs.longpoll import Receive, Scope, Send, waiting_then  # noqa: E402
+from runs.notify import listener  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+
+async def lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            try:
+                await adb.open_pool()
+            except Exception as exc:  # the server must not start half able
+                log.exception("cannot open the database pool")
+                await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                return
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await adb.close_pool()
+            listener.stop()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+async def application(scope: Scope, receive: Receive, send: Send) -> None:
+    if scope["type"] == "lifespan":
+        await lifespan(receive, send)
+        return
+    await waiting_then(django_application, scope, receive, send)
