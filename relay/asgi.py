@@ -5,7 +5,8 @@
   closed at the end, and the runs listener stopped;
 - the long-poll's wait (runs.longpoll) in front of Django, so that a waiting bridge holds
   no thread (Django gives every request a thread of its own for its synchronous parts, from
-  its first signal to its end).
+  its first signal to its end);
+- heartbeats answered on the loop when they can be (runs/api/fast.py), else by Django.
 """
 
 import logging
@@ -17,7 +18,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "relay.settings")
 django_application = get_asgi_application()
 
 from relay import adb  # noqa: E402  (after Django is set up)
-from runs.longpoll import Receive, Scope, Send, waiting_then  # noqa: E402
+from runs.api import fast  # noqa: E402
+from runs.longpoll import Message, Receive, Scope, Send, waiting_then  # noqa: E402
 from runs.notify import listener  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -45,4 +47,32 @@ async def application(scope: Scope, receive: Receive, send: Send) -> None:
     if scope["type"] == "lifespan":
         await lifespan(receive, send)
         return
+    if fast.wants(scope):
+        messages = await _whole_body(receive)
+        if messages is None:
+            return  # the client went away
+        if await fast.serve(scope, b"".join(m.get("body", b"") for m in messages), send, django_application):
+            return
+        receive = _replaying(messages, receive)
     await waiting_then(django_application, scope, receive, send)
+
+
+async def _whole_body(receive: Receive) -> list[Message] | None:
+    messages = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        messages.append(message)
+        if not message.get("more_body"):
+            return messages
+
+
+def _replaying(messages: list[Message], receive: Receive) -> Receive:
+    """`receive` as if nothing had been read yet."""
+    pending = list(messages)
+
+    async def replayed() -> Message:
+        return pending.pop(0) if pending else await receive()
+
+    return replayed
