@@ -1,5 +1,5 @@
 """The ASGI application that production, `make run` and the tests' live server serve
-(relay.server): Django, with
+(relay.server): Django (its synchronous code in a pool of threads: relay.django_asgi), with
 
 - the lifespan: the process's asynchronous database pool (relay.adb) opened at start and
   closed at the end, and the runs listener stopped;
@@ -12,12 +12,15 @@
 import logging
 import os
 
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "relay.settings")
-django_application = get_asgi_application()
+django.setup(set_prefix=False)
 
-from relay import adb  # noqa: E402  (after Django is set up)
+from relay.django_asgi import ThreadedASGIHandler  # noqa: E402  (after Django is set up)
+
+django_application = ThreadedASGIHandler()
+from relay import adb  # noqa: E402
 from runs.api import fast  # noqa: E402
 from runs.longpoll import Message, Receive, Scope, Send, waiting_then  # noqa: E402
 from runs.notify import listener  # noqa: E402

@@ -1,8 +1,10 @@
 """The web server: uvicorn's event loop, one per gunicorn worker process (relay/gunicorn_conf.py),
 serving relay.asgi. A waiting long-poll costs a socket and a coroutine, not a thread.
 
-Two things beyond uvicorn's defaults:
+Beyond uvicorn's defaults:
 
+- A body the client stops sending (it shuts down its side) ends the request short, and the
+  application answers it (a 400), as under a WSGI server; uvicorn would drop it.
 - A request must arrive whole within REQUEST_READ_TIMEOUT seconds of its first byte (or of
   the connection's opening). uvicorn has no such limit: a client sending its headers a byte
   at a time, or a body it never finishes, would hold its socket forever. It holds no thread
@@ -53,6 +55,20 @@ class DeadlineProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_read_deadline()
         super().connection_lost(exc)
+
+    def eof_received(self) -> bool | None:
+        # The client has shut down its sending side. A request whose body was still coming
+        # ends here, short: the application gets the body as it is and refuses it (a 400
+        # that says where it ended), as it did under a WSGI server; the answer still goes
+        # out on the half-open socket, which then closes.
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete and cycle.more_body:
+            self._disarm_read_deadline()
+            cycle.more_body = False
+            cycle.keep_alive = False
+            cycle.message_event.set()
+            return True
+        return None  # nothing in flight: the transport closes
 
     def on_message_begin(self) -> None:
         super().on_message_begin()

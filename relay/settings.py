@@ -87,7 +87,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "relay.static.StaticFilesMiddleware",  # WhiteNoise, asynchronous too
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -120,17 +120,6 @@ DATABASES = {
     )
 }
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
-if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
-    # Under ASGI each request's synchronous code runs in a thread of that request's own
-    # (asgiref's ThreadSensitiveContext), and Django's connections are per thread: without a
-    # pool every request would open a new connection. A process-wide psycopg pool lends
-    # them instead (Django closes, that is returns, each one when its request ends).
-    DATABASES["default"]["CONN_MAX_AGE"] = 0
-    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
-        "min_size": 1,
-        "max_size": env.int("DB_POOL_SIZE", default=16),
-        "timeout": env.int("DB_POOL_TIMEOUT", default=10),
-    }
 # No health check (a SELECT 1 before every request's first query): a connection the
 # database dropped fails that one request with a 503 problem (relay.api.problems), and
 # Django replaces it before the next.
@@ -308,6 +297,8 @@ RUN_STATE_MAX_BODY_BYTES = env.int("RUN_STATE_MAX_BODY_BYTES", default=64 * 1024
 RUN_LONG_POLL_MAX = 60
 # Long-polls one connection may hold waiting in one web process; more answer at once.
 RUN_LONG_POLL_MAX_WAITERS = env.int("RUN_LONG_POLL_MAX_WAITERS", default=4)
+# Threads of each web process for Django's synchronous code (relay.django_asgi).
+WEB_THREADS = env.int("WEB_THREADS", default=16)
 # Connections of each web process's asynchronous pool (relay.adb: long-poll, heartbeats).
 WEB_ASYNC_DB_CONNECTIONS = env.int("WEB_ASYNC_DB_CONNECTIONS", default=4)
 RUNS_NOTIFY_CHANNEL = "relay_runs"
