@@ -20,3 +20,4 @@ keepalive = KEEPALIVE
 graceful_timeout = 10
 accesslog = os.environ.get("ACCESS_LOG", "-") or None
 control_socket_disable = True
+backlog = 4096  # a burst of reconnecting bridges waits in the queue, not refused
