@@ -106,10 +106,13 @@ async def hold(scope: Scope, seconds: float) -> None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or await _pending_exists(key):
                     return
+                # A timer that sets the event, not asyncio.wait_for: that would add a task
+                # per waiter (memory is what 10,000 waiters cost).
+                timer = asyncio.get_running_loop().call_later(remaining, woken.set)
                 try:
-                    await asyncio.wait_for(woken.wait(), remaining)
-                except TimeoutError:
-                    return
+                    await woken.wait()
+                finally:
+                    timer.cancel()
     finally:
         waiters[key] -= 1
         if not waiters[key]:
@@ -126,17 +129,30 @@ async def waiting_then(app: App, scope: Scope, receive: Receive, send: Send) -> 
     first = await receive()  # the (empty) body: the request is whole before it waits
     if first["type"] != "http.request":
         return
-    gone = asyncio.ensure_future(receive())  # the next message is the disconnect
-    waiting = asyncio.ensure_future(hold(scope, seconds))
-    await asyncio.wait((gone, waiting), return_when=asyncio.FIRST_COMPLETED)
-    if not waiting.done():
-        waiting.cancel()
-        await asyncio.gather(waiting, return_exceptions=True)
-        return
-    if waiting.exception() is not None:
+    # The next message is the disconnect: it cancels this request's task, waiting or not.
+    gone = asyncio.ensure_future(receive())
+    this = asyncio.current_task()
+    assert this is not None
+
+    def on_gone(_: object) -> None:
+        this.cancel()
+
+    gone.add_done_callback(on_gone)
+    try:
+        await hold(scope, seconds)
+    except asyncio.CancelledError:
+        if gone.done():
+            this.uncancel()  # our own cancel (on_gone): the client went away
+            return
+        gone.cancel()
+        raise
+    except Exception as exc:
         # The database failed us: Django answers at once, meeting the failure itself (a 503).
-        log.warning("long-poll wait failed: %r", waiting.exception())
+        log.warning("long-poll wait failed: %r", exc)
         scope["relay.waited"] = True
+    if gone.done():
+        return
+    gone.remove_done_callback(on_gone)
     replay: list[Message] = [first]
 
     async def replayed() -> Message:
