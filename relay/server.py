@@ -3,6 +3,8 @@ serving relay.asgi. A waiting long-poll costs a socket and a coroutine, not a th
 
 Beyond uvicorn's defaults:
 
+- A request the HTTP parser refuses is answered with a problem document (RFC 9457), as
+  every other bad request is, not uvicorn's plain text.
 - A body the client stops sending (it shuts down its side) ends the request short, and the
   application answers it (a 400), as under a WSGI server; uvicorn would drop it.
 - A request must arrive whole within REQUEST_READ_TIMEOUT seconds of its first byte (or of
@@ -17,6 +19,7 @@ The tests run the same protocol and configuration in a thread (`serve_in_thread`
 """
 
 import asyncio
+import json
 import os
 import resource
 import socket
@@ -55,6 +58,25 @@ class DeadlineProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_read_deadline()
         super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        # A request the HTTP parser refuses (a control character in a header, say) never
+        # reaches Django: answer it as the API answers every bad request, with a problem.
+        # The shape of relay.api.problems.problem(), which this module (loaded by gunicorn's
+        # configuration, before Django is set up) cannot import.
+        body = json.dumps(
+            {
+                "type": "urn:relay:problem:malformed-request",
+                "title": "Bad Request",
+                "status": 400,
+                "detail": msg,
+            }
+        ).encode()
+        self.transport.write(
+            b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/problem+json\r\n"
+            b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body
+        )
+        self.transport.close()
 
     def eof_received(self) -> bool | None:
         # The client has shut down its sending side. A request whose body was still coming
