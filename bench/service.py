@@ -70,7 +70,12 @@ def gunicorn(env: dict[str, str]) -> Iterator[tuple[int, int]]:
 
     connections.close_all()  # the workers fork; they must not share this process's connection
     server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "gunicorn"), "-c", "python:relay.gunicorn_conf", "relay.wsgi"],
+        [
+            str(Path(sys.executable).parent / "gunicorn"),
+            "-c",
+            "python:relay.gunicorn_conf",
+            "relay.asgi:application",
+        ],
         env=env,
         cwd=ROOT,
     )

@@ -259,7 +259,7 @@ def main() -> int:
         subprocess.run([*manage, "collectstatic", "--noinput", "-v0"], env=env, check=True)
         stack.start(
             "gunicorn",
-            [str(BIN_DIR / "gunicorn"), "-c", "python:relay.gunicorn_conf", "relay.wsgi"],
+            [str(BIN_DIR / "gunicorn"), "-c", "python:relay.gunicorn_conf", "relay.asgi:application"],
             {**env, "PORT": str(port), "HOST": host},
         )
         stack.start(

@@ -302,6 +302,12 @@ RUN_RESULTS_MAX_BYTES = env.int("RUN_RESULTS_MAX_BYTES", default=1024 * 1024)  #
 # A state PUT carries a whole fleet's results: its body may be larger than other requests'.
 RUN_STATE_MAX_BODY_BYTES = env.int("RUN_STATE_MAX_BODY_BYTES", default=64 * 1024 * 1024)
 RUN_LONG_POLL_MAX = 60
+# Long-polls one connection may hold waiting in one web process; more answer at once.
+RUN_LONG_POLL_MAX_WAITERS = env.int("RUN_LONG_POLL_MAX_WAITERS", default=4)
+# Threads of each web process for Django's synchronous code (relay.django_asgi).
+WEB_THREADS = env.int("WEB_THREADS", default=16)
+# Connections of each web process's asynchronous pool (relay.adb: long-poll, heartbeats).
+WEB_ASYNC_DB_CONNECTIONS = env.int("WEB_ASYNC_DB_CONNECTIONS", default=4)
 RUNS_NOTIFY_CHANNEL = "relay_runs"
 # Largest JSON request body any API view parses; larger is a 413 before it is read.
 API_MAX_BODY_BYTES = env.int("API_MAX_BODY_BYTES", default=2 * 1024 * 1024)

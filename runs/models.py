@@ -12,6 +12,7 @@ until its bridge reports it in progress, because the shipped bridge's state mode
 other and the shipped `run-start` step waits while the status is `pending`.
 """
 
+import functools
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -229,15 +230,10 @@ class Run(models.Model):
     ) -> "Run | None":
         """The run after a plain heartbeat, or None when this PUT is not one (or the run is
         not in a state where it could be): the caller then takes the careful path."""
-        status = data["status"]
-        if status == Status.IN_PROGRESS:
-            held, changes = [Status.IN_PROGRESS], {"next_update_before": data["next_update_before"]}
-        elif status in (Status.PENDING, Status.ACCEPTED):
-            held, changes = list(HELD_STATES), {}
-        else:
+        rule = heartbeat_rule(data)
+        if rule is None:
             return None
-        if data.get("job_id"):
-            changes["job_id"] = data["job_id"]
+        held, changes = rule
         where = models.Q(pk=run_id, connection=connection, status__in=held)
         if data.get("lease_id") is not None:
             where &= models.Q(lease_id=data["lease_id"])
@@ -353,6 +349,57 @@ STATE_FIELDS = [
     "next_update_before",
     "cancel_requested",
 ]
+
+
+def heartbeat_rule(data: dict[str, Any]) -> tuple[list[str], dict[str, Any]] | None:
+    """Whether a state PUT (validated by StateSerializer) is a plain heartbeat, and if so the
+    statuses the run must be in for it to be one and what it changes besides `updated_at`.
+    None: the PUT changes the status and takes the careful path (Run._apply_state).
+
+    `in-progress` is a heartbeat only for a run in progress (from `accepted` it is the start);
+    `pending` or `accepted` is one for any run its bridge holds."""
+    status = data["status"]
+    if status == Status.IN_PROGRESS:
+        held, changes = [Status.IN_PROGRESS], {"next_update_before": data["next_update_before"]}
+    elif status in (Status.PENDING, Status.ACCEPTED):
+        held, changes = list(HELD_STATES), {}
+    else:
+        return None
+    if data.get("job_id"):
+        changes["job_id"] = data["job_id"]
+    return held, changes
+
+
+@functools.cache
+def heartbeat_sql() -> str:
+    """The heartbeat as one statement for the asynchronous path (runs/api/fast.py), which
+    has not been through the token authentication: besides heartbeat_rule's conditions
+    (status, lease), it re-checks the connection's token against the row as it is now (the
+    digest the caller verified, the newest pepper, an active owner) and that the ordinary path
+    has nothing to write on the connection (last use within TOKEN_LAST_USED_RESOLUTION, the
+    platform and backend headers as recorded). When any fails there is no row, and the caller
+    hands the request to the ordinary path, which answers it in full.
+
+    Parameters by name: run, connection, held, lease, digest, pepper, used_since, platform,
+    backend, now, next_update_before, job_id (None: unchanged)."""
+    run, conn = Run._meta.db_table, PuppetConnection._meta.db_table
+    user = PuppetConnection._meta.get_field("owner").related_model._meta.db_table
+    columns = ", ".join(f"r.{Run._meta.get_field(name).column}" for name in STATE_FIELDS)
+    # Table names from the models' metadata; every value is a parameter.
+    return (
+        f"UPDATE {run} AS r SET updated_at = %(now)s,"  # noqa: S608
+        " next_update_before = COALESCE(%(next_update_before)s, r.next_update_before),"
+        " job_id = COALESCE(%(job_id)s, r.job_id)"
+        f" FROM {conn} AS c"
+        " WHERE r.id = %(run)s AND r.connection_id = %(connection)s AND c.id = r.connection_id"
+        " AND r.status = ANY(%(held)s) AND (%(lease)s::uuid IS NULL OR r.lease_id = %(lease)s::uuid)"
+        " AND c.token_digest = %(digest)s AND c.token_pepper_id = %(pepper)s"
+        " AND c.last_used > %(used_since)s"
+        " AND (%(platform)s = '' OR c.platform = %(platform)s)"
+        " AND (%(backend)s = '' OR c.bridge_backend = %(backend)s)"
+        f" AND EXISTS (SELECT 1 FROM {user} AS u WHERE u.id = c.owner_id AND u.is_active)"
+        f" RETURNING {columns}"
+    )
 
 
 def _update_returning(where: models.Q, changes: dict[str, Any]) -> Run | None:

@@ -3,18 +3,25 @@
 One background thread per web process holds a PostgreSQL connection that LISTENs on
 RUNS_NOTIFY_CHANNEL; runs.models.notify_new_run() NOTIFYs with the connection id inside the
 creating transaction, so the wake-up arrives only once the run is visible. Waiting requests
-register an Event per connection id and sleep on it: no database polling while they wait.
+register an event per connection id and sleep on it: no database polling while they wait.
+
+Under the ASGI server the waiters are coroutines (runs.longpoll: an asyncio.Event each, set
+from this thread through its loop); a synchronous request (the test client, a WSGI server)
+waits on a threading.Event. The one thread serves every loop of the process alike, which a
+listener living on one loop could not.
 
 Without PostgreSQL (the SQLite default of `make run`) there is no LISTEN: waiters then look
 again every SQLITE_RECHECK seconds, which is fine for one machine.
 """
 
+import asyncio
 import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Protocol
 
 import psycopg
 from django.conf import settings
@@ -24,10 +31,30 @@ log = logging.getLogger(__name__)
 SQLITE_RECHECK = 0.5
 
 
+class Waiter(Protocol):
+    def set(self) -> None: ...
+
+
+class LoopEvent:
+    """An asyncio.Event that the listener's thread may set."""
+
+    __slots__ = ("event", "loop")
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.event = asyncio.Event()
+
+    def set(self) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.event.set)
+        except RuntimeError:  # the loop has closed: nobody waits any more
+            pass
+
+
 class Listener:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._waiters: dict[str, set[threading.Event]] = defaultdict(set)
+        self._waiters: dict[str, set[Waiter]] = defaultdict(set)
         self._listening = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -81,21 +108,44 @@ class Listener:
                 for event in events:
                     event.set()
 
+    def _add(self, key: str, waiter: Waiter) -> None:
+        with self._lock:
+            self._waiters[key].add(waiter)
+
+    def _remove(self, key: str, waiter: Waiter) -> None:
+        with self._lock:
+            self._waiters[key].discard(waiter)
+            if not self._waiters[key]:
+                del self._waiters[key]
+
+    def waiting(self) -> int:
+        with self._lock:
+            return sum(len(waiters) for waiters in self._waiters.values())
+
     @contextmanager
     def subscribe(self, key: str) -> Iterator[threading.Event]:
         """An Event set when a run is created for `key` (a connection id). Subscribe first,
         then look for runs, then wait: nothing created in between is missed."""
         event = threading.Event()
         self._ensure_started()
-        with self._lock:
-            self._waiters[key].add(event)
+        self._add(key, event)
         try:
             yield event
         finally:
-            with self._lock:
-                self._waiters[key].discard(event)
-                if not self._waiters[key]:
-                    del self._waiters[key]
+            self._remove(key, event)
+
+    @asynccontextmanager
+    async def asubscribe(self, key: str) -> AsyncIterator[asyncio.Event]:
+        """subscribe() for a coroutine: an asyncio.Event of the running loop."""
+        if not (self._listening.is_set() and self._thread is not None and self._thread.is_alive()):
+            # Starting it waits for LISTEN (a connection, well under a second): not on the loop.
+            await asyncio.get_running_loop().run_in_executor(None, self._ensure_started)
+        waiter = LoopEvent()
+        self._add(key, waiter)
+        try:
+            yield waiter.event
+        finally:
+            self._remove(key, waiter)
 
 
 listener = Listener()

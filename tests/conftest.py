@@ -11,6 +11,7 @@ from rest_framework.test import APIClient
 from puppet_connection.models import PuppetConnection
 from relay import vault
 from relay.models import UserToken
+from relay.server import ThreadedServer
 from tests.bao import BaoDevServer
 from tests.bridge_helpers import Service
 from tests.puppetserver import PuppetServer
@@ -28,6 +29,28 @@ def point_vault_at(server: BaoDevServer, token: str) -> None:
 def bao() -> Iterator[BaoDevServer]:
     """The session's OpenBao: started once, shared by the tests that do not break it."""
     server = BaoDevServer().start()
+    yield server
+    server.stop()
+
+
+class LiveServer(ThreadedServer):
+    """pytest-django's live_server, served as production serves it: the ASGI application
+    (relay.asgi) under uvicorn with relay.server's protocol and settings, in a thread of the
+    test process, so that it shares the test's settings and database. (A gunicorn of its own
+    would not see the settings tests change.)"""
+
+    def __init__(self) -> None:
+        from django.test.utils import modify_settings
+
+        super().__init__()
+        # What pytest-django's _live_server_helper enables for each test that uses it.
+        self._live_server_modified_settings = modify_settings(ALLOWED_HOSTS={"append": self.host})
+
+
+@pytest.fixture(scope="session")
+def live_server(django_db_setup, django_db_blocker) -> Iterator[LiveServer]:
+    with django_db_blocker.unblock():
+        server = LiveServer().start()
     yield server
     server.stop()
 

@@ -1,11 +1,15 @@
+import socket
 import threading
 import time
+from urllib.parse import urlparse
 
 import pytest
+import requests
 from django.contrib.auth.models import User
 from django.db import connections
 
 from puppet_connection.models import PuppetConnection
+from runs import longpoll
 from runs.models import Run
 from tests.conftest import bridge
 
@@ -65,3 +69,80 @@ def test_a_bad_wait_is_400(conn_and_token, wait):
     _, token = conn_and_token
     response = bridge(token).get("/_puppet/runs", {"wait": wait})
     assert response.status_code == 400 and response.json()["errors"][0]["pointer"] == "#/wait"
+
+
+# The same long-poll served as in production (relay.asgi: the wait before Django, on the loop).
+
+
+def _threads() -> int:
+    return threading.active_count()
+
+
+def test_on_the_server_a_waiting_bridge_wakes_when_its_run_is_created(live_server, conn_and_token):
+    conn, token = conn_and_token
+    answer: dict = {}
+
+    def wait() -> None:
+        answer["response"] = requests.get(
+            f"{live_server.url}/_puppet/runs", params={"wait": 10}, headers=_bearer(token), timeout=20
+        )
+        answer["at"] = time.monotonic()
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    _until(lambda: longpoll.waiters.get(conn.pk) == 1)
+    created_at = time.monotonic()
+    run = Run.create_for(conn, {"scope": {"nodes": ["a"]}})
+    waiter.join(timeout=10)
+    assert answer["response"].status_code == 200
+    assert [r["id"] for r in answer["response"].json()["runs"]] == [str(run.id)]
+    assert answer["at"] - created_at < 0.5
+    assert conn.pk not in longpoll.waiters
+
+
+def test_waiting_bridges_hold_no_thread_and_the_cap_answers_at_once(live_server, conn_and_token, settings):
+    conn, token = conn_and_token
+    settings.RUN_LONG_POLL_MAX_WAITERS = 3
+    before = _threads()
+    url = f"{live_server.url}/_puppet/runs?wait=30"
+    socks = [_raw_get(live_server, url, token) for _ in range(3)]
+    _until(lambda: longpoll.waiters.get(conn.pk) == 3)
+    assert _threads() <= before + 1  # at most the listener's thread, started by the first
+    # A fourth is over the cap: answered at once, 200 with what there is (nothing).
+    started = time.monotonic()
+    response = requests.get(url, headers=_bearer(token), timeout=10)
+    assert response.status_code == 200 and response.json() == {"runs": []}
+    assert time.monotonic() - started < 1
+    for sock in socks:  # bridges that go away end their waits
+        sock.close()
+    _until(lambda: conn.pk not in longpoll.waiters)
+
+
+def test_on_the_server_a_bad_wait_or_token_is_answered_at_once(live_server, conn_and_token):
+    _, token = conn_and_token
+    started = time.monotonic()
+    bad_wait = requests.get(f"{live_server.url}/_puppet/runs?wait=61", headers=_bearer(token), timeout=10)
+    bad_token = requests.get(f"{live_server.url}/_puppet/runs?wait=5", headers=_bearer("rlyp_x"), timeout=10)
+    assert bad_wait.status_code == 400 and bad_token.status_code == 401
+    assert time.monotonic() - started < 1
+
+
+def _bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _raw_get(live_server, url: str, token: str) -> socket.socket:
+    parts = urlparse(url)
+    sock = socket.create_connection((parts.hostname, parts.port), timeout=10)
+    head = (
+        f"GET {parts.path}?{parts.query} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\r\n"
+    )
+    sock.sendall(head.encode())
+    return sock
+
+
+def _until(check, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)

@@ -1,0 +1,181 @@
+"""The heartbeat's fast path: `PUT /_puppet/runs/{id}/state` with a heartbeat, answered in
+the ASGI application (relay.asgi) on the event loop, in one statement
+(runs.models.heartbeat_sql): no thread, no DRF, no ORM.
+
+Why not in Django: its synchronous code runs in a pool of threads (relay.django_asgi), and a
+heartbeat there costs a hop to a thread, DRF and two ORM queries, about 5 ms of CPU; 1,000 a
+second would need more than this machine's two cores. This runs the very same middleware
+(settings.MIDDLEWARE) on the loop instead, which is safe for this request because none of
+them does I/O for it: it sends no cookie, and nothing reads its session or user.
+
+It takes only the requests it can answer exactly as the runs API would: the middleware lets
+them through (host allowed, no HTTPS redirect), a JSON body the API's parser and
+StateSerializer accept, that runs.models.heartbeat_rule calls a heartbeat, a token it
+recognises (puppet_connection.fast), asking for JSON; and only when the statement finds the
+run where the heartbeat applies. Everything else (every error, every change of status, a
+token to mark used, a platform header to record, a database failure) goes on to Django and
+the API's own view, which answers it in full: the rules stay in runs.models and the API.
+"""
+
+import io
+import logging
+import re
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.core.handlers.asgi import ASGIHandler, ASGIRequest
+from django.http import HttpResponse, HttpResponseBase
+from django.utils import timezone
+from django.utils.deprecation import MiddlewareMixin
+from django.utils.module_loading import import_string
+from rest_framework import exceptions
+from rest_framework.renderers import JSONRenderer
+from whitenoise.middleware import WhiteNoiseMiddleware
+
+from puppet_connection.fast import connection_for
+from puppet_connection.models import BACKEND_RE, Platform
+from relay import adb, tokens
+from relay.api.authentication import token_from_header
+from runs.api.serializers import StateSerializer
+from runs.api.views import StateParser
+from runs.longpoll import Scope, Send
+from runs.models import STATE_FIELDS, Run, heartbeat_rule, heartbeat_sql
+
+log = logging.getLogger(__name__)
+
+# Larger bodies are not heartbeats (a heartbeat is about 100 bytes).
+MAX_BODY = 4096
+# Django's <uuid:pk> path converter.
+PATH = re.compile(r"^/_puppet/runs/([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})/state$")
+_ACCEPTABLE = {"", "*/*", "application/json", "application/*"}
+_renderer = JSONRenderer()
+served = 0  # heartbeats answered here (the tests read it)
+
+
+def _middleware() -> list[MiddlewareMixin] | None:
+    """settings.MIDDLEWARE as instances to call on the loop; None (no fast path) if one of
+    them is of a kind this cannot call safely."""
+    chain = []
+    for path in settings.MIDDLEWARE:
+        cls = import_string(path)
+        if cls is WhiteNoiseMiddleware:
+            continue  # it only serves static/ paths
+        if not issubclass(cls, MiddlewareMixin):
+            log.warning("no fast heartbeats: %s is not a MiddlewareMixin", path)
+            return None
+        chain.append(cls(_never))
+    return chain
+
+
+def _never(request: Any) -> HttpResponseBase:
+    raise AssertionError("the fast path calls process_request and process_response only")
+
+
+_chain: list[MiddlewareMixin] | None = None
+_chain_built = False
+
+
+def wants(scope: Scope) -> bool:
+    """Whether this request may be a heartbeat for the fast path (by its method, path and
+    length alone; its body is read next)."""
+    if scope["type"] != "http" or scope["method"] != "PUT" or not PATH.match(scope["path"]):
+        return False
+    if adb.pool() is None:
+        return False
+    length = None
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            length = value
+        elif name == b"transfer-encoding":
+            return False
+    return length is not None and length.isdigit() and 0 < int(length) <= MAX_BODY
+
+
+async def serve(scope: Scope, body: bytes, send: Send, handler: ASGIHandler) -> bool:
+    """Answer the heartbeat and return True, or return False having sent nothing."""
+    global _chain, _chain_built, served
+    if not _chain_built:
+        _chain, _chain_built = _middleware(), True
+    if _chain is None:
+        return False
+    request = ASGIRequest(scope, io.BytesIO(body))
+    for middleware in _chain:
+        if hasattr(middleware, "process_request") and middleware.process_request(request) is not None:
+            return False  # a redirect or refusal: Django's to give
+    try:
+        response = await _heartbeat(request, uuid.UUID(PATH.match(scope["path"])[1]))
+    except Exception:
+        log.exception("fast heartbeat failed; the API answers it")
+        return False
+    if response is None:
+        return False
+    for middleware in reversed(_chain):
+        if hasattr(middleware, "process_response"):
+            response = middleware.process_response(request, response)
+    await handler.send_response(response, send)
+    served += 1
+    return True
+
+
+def _heartbeat_of(request: ASGIRequest) -> dict[str, Any] | None:
+    """The validated state, when the request is a heartbeat the API would accept."""
+    if request.content_type != "application/json" or request.content_params:
+        return None
+    if request.headers.get("Accept", "").strip() not in _ACCEPTABLE:
+        return None
+    try:
+        data = StateParser().parse(io.BytesIO(request.body), "application/json", {"request": request})
+    except exceptions.APIException:
+        return None
+    if not isinstance(data, dict):
+        return None
+    body = StateSerializer(data=data)
+    if not body.is_valid():
+        return None
+    return body.validated_data
+
+
+async def _heartbeat(request: ASGIRequest, pk: uuid.UUID) -> HttpResponse | None:
+    pool = adb.pool()
+    data = _heartbeat_of(request)
+    rule = heartbeat_rule(data) if data is not None else None
+    if pool is None or data is None or rule is None:
+        return None
+    try:
+        token = token_from_header(request.META.get("HTTP_AUTHORIZATION", ""))
+    except exceptions.AuthenticationFailed:
+        return None
+    known = await connection_for(token, cached=True)
+    if known is None or known.token_pepper_id != tokens.current_pepper_id():
+        return None
+    held, changes = rule
+    platform = request.META.get("HTTP_X_RELAY_PLATFORM", "").strip().lower()
+    backend = request.META.get("HTTP_X_RELAY_BACKEND", "").strip().lower()
+    now = timezone.now()
+    params = {
+        "run": pk,
+        "connection": known.id,
+        "held": held,
+        "lease": data.get("lease_id"),
+        "digest": known.token_digest,
+        "pepper": known.token_pepper_id,
+        "used_since": now - timedelta(seconds=settings.TOKEN_LAST_USED_RESOLUTION),
+        "platform": platform if platform in (Platform.PE, Platform.OSS) else "",
+        "backend": backend if BACKEND_RE.match(backend) else "",
+        "now": now,
+        "next_update_before": changes.get("next_update_before"),
+        "job_id": changes.get("job_id"),
+    }
+    async with pool.connection() as conn:
+        cursor = await conn.execute(heartbeat_sql(), params)
+        row = await cursor.fetchone()
+    if row is None:
+        return None
+    run = Run(**dict(zip(STATE_FIELDS, row, strict=True)))
+    # What the API's view answers: its renderer's bytes, its Allow and Vary.
+    response = HttpResponse(_renderer.render(run.state), status=202, content_type="application/json")
+    response["Allow"] = "PUT, OPTIONS"
+    response["Vary"] = "Accept"
+    return response
