@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import requests
-from django.core.servers import basehttp
 from relay_sdk import Dynamic as D
 from relay_sdk import Interface
 from relay_sdk.interface import UnresolvableException
@@ -48,22 +47,6 @@ steps:
 - name: z
   image: relaysh/core
 """
-
-
-@pytest.fixture(autouse=True)
-def says_when_it_closes(monkeypatch):
-    """relay_sdk asks for `Connection: close` and still pools its connections. gunicorn (the
-    service's server) answers such a request with `Connection: close`, so the client opens a
-    new connection next time; Django's test server closes without saying so, and the client
-    reuses the closed connection. Here the test server says so too, as gunicorn does."""
-    original = basehttp.ServerHandler.cleanup_headers
-
-    def cleanup_headers(self) -> None:
-        original(self)
-        if self.request_handler.close_connection:
-            self.headers["Connection"] = "close"
-
-    monkeypatch.setattr(basehttp.ServerHandler, "cleanup_headers", cleanup_headers)
 
 
 @pytest.fixture
