@@ -2,8 +2,8 @@
 
 Starts, in order: an OpenBao server with persistent file storage under var/ (initialised and
 unsealed on first start, unsealed again on every later start), database migrations, gunicorn,
-a Celery worker with its beat, and a Celery worker for the `steps` queue (script steps). Ctrl-C (or SIGTERM) stops the web server and the worker
-first, then OpenBao, and exits 0.
+a Celery worker with its beat, and a Celery worker for the `steps` queue (script steps).
+Ctrl-C (or SIGTERM) stops the web server and the workers first, then OpenBao, and exits 0.
 
 Everything this generates lives under RELAY_VAR_DIR (default var/), files holding secrets
 with mode 0600. That is fine for one machine, not for production: see README "Production".

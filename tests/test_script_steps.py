@@ -271,7 +271,8 @@ steps:
   env: {TOKEN: !Secret apiToken}
   input:
   - 'echo "whole: $TOKEN"'
-  - 'printf "split: %s" "$(printf %s "$TOKEN" | cut -c1-6)"; sleep 0.7; printf "%s\\n" "$(printf %s "$TOKEN" | cut -c7-)"'
+  - 'printf "split: %s" "$(printf %s "$TOKEN" | cut -c1-6)"; sleep 0.7'
+  - 'printf "%s\\n" "$(printf %s "$TOKEN" | cut -c7-)"'
   - ni get
   - 'echo "url: $METADATA_API_URL"'
 """
@@ -324,7 +325,7 @@ def test_the_log_api_refuses_what_it_cannot_answer(workers, owner):
     run = run_of(owner, "apiVersion: v1\nsteps:\n- {name: ok, image: relaysh/core, input: [echo fine]}\n")
     api = client_for(owner)
     base = f"/api/workflow-runs/{run.pk}/steps"
-    for bad in ("-1", "x", "١", "99999999999999999999"):
+    for bad in ("-1", "x", "\u0661", "99999999999999999999"):  # \u0661: an Arabic-Indic 1
         response = api.get(f"{base}/ok/log", {"offset": bad})
         assert response.status_code == 400 and response["Content-Type"] == "application/problem+json"
     response = api.get(f"{base}/missing/log")

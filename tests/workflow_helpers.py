@@ -3,8 +3,8 @@
 import os
 import signal
 import subprocess
-import uuid
 import sys
+import uuid
 from pathlib import Path
 
 from django.contrib.auth.models import User
