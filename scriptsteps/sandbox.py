@@ -266,7 +266,7 @@ def run(
             os.write(script_fd, program.script.encode())
             os.lseek(script_fd, 0, os.SEEK_SET)
         ulimits = [
-            str(limits.cpu_seconds),
+            "-" if group else str(limits.cpu_seconds),
             "-" if group else str(max(limits.memory_bytes // 1024, 1)),
             "-" if group else str(limits.processes),
         ]
@@ -438,6 +438,8 @@ def _why_it_ended(code: int, group: cgroups.StepCgroup | None, limits: Limits) -
     mib = limits.memory_bytes // (1024 * 1024)
     if group is not None and group.out_of_memory():
         return f"The step ran out of memory: its processes used more than {mib} MiB (STEP_MEMORY_BYTES)."
+    if group is not None and group.cpu_seconds() > limits.cpu_seconds:
+        return f"The step used more than {limits.cpu_seconds} seconds of CPU (STEP_CPU_SECONDS)."
     if group is not None and group.pids_refused():
         return f"The step tried to run more than {limits.processes} processes at once (STEP_MAX_PROCESSES)."
     if code == LAUNCH_FAILED:

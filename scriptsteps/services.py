@@ -185,7 +185,7 @@ def _execute(script: ScriptRun, worker: uuid.UUID) -> None:
         script.fail_to_start(f"The step could not be prepared ({type(exc).__name__}: {exc}).")
         return
     url = grant(str(script.pk))
-    writer = LogWriter(script, worker, [*ctx.secrets, url, *_credentials_in(url)])
+    writer = LogWriter(script, worker, [*ctx.secrets, *_credentials_in(url)])
     runtime = container.runtime_for(ctx.image)
     try:
         if runtime is not None:
@@ -213,8 +213,9 @@ def _execute(script: ScriptRun, worker: uuid.UUID) -> None:
 
 
 def _credentials_in(url: str) -> list[str]:
-    user = url.partition("://")[2].partition("@")
-    return [user[0]] if user[1] else []
+    """The step's runtime credential (METADATA_API_URL's user part): masked like a secret."""
+    user, at, _ = url.partition("://")[2].partition("@")
+    return [part for part in user.split(":") if part] if at else []
 
 
 class LogWriter:

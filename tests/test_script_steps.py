@@ -191,8 +191,8 @@ steps:
   input:
   - sleep 1
   - find / -name mine 2>/dev/null | sed 's/^/FOUND /'
-  - grep -rs secret-of-a / --exclude-dir=proc --exclude-dir=sys --exclude-dir=usr | sed 's/^/FOUND /'
-  - grep -l sleep /proc/[0-9]*/cmdline 2>/dev/null | sed 's/^/FOUND /'
+  - grep -rs "secret-of-[a]" / --exclude-dir=proc --exclude-dir=sys --exclude-dir=usr | sed 's/^/FOUND /'
+  - grep -l "slee[p]" /proc/[0-9]*/cmdline 2>/dev/null | sed 's/^/FOUND /'
   - echo searched
 """
     run = finished(run_of(owner, source))
@@ -255,7 +255,11 @@ def test_limits_end_their_steps_with_the_reason_and_the_worker_lives(workers, ow
     wait_until(lambda: not processes_of_uid(settings.STEP_SANDBOX_UID), 10)
     assert steps_worker.process.poll() is None
     after = finished(
-        run_of(owner, "apiVersion: v1\nsteps:\n- {name: ok, image: relaysh/core, input: [echo fine]}\n")
+        run_of(
+            owner,
+            "apiVersion: v1\nsteps:\n- {name: ok, image: relaysh/core, input: [echo fine]}\n",
+            name="after",
+        )
     )
     assert after.outcome == "success"
 
