@@ -168,6 +168,9 @@ def execute(step_run_id: str) -> None:
     worker = script.claim()
     if worker is None:
         return  # another message got it, or it was cancelled while queued
+    # The step looks again now that it runs: its next check is due when a dead worker would
+    # be noticed (STEP_LOST_AFTER), not when a queued script would be given up on.
+    engine.wake(WAKE, str(step_run_id))
     try:
         _execute(script, worker)
     finally:

@@ -1,0 +1,131 @@
+"""Script steps and their workers, each test with workers of its own: a `steps` worker killed
+mid-script (the sandbox dies with it, the step ends `failure` with the reason instead of
+waiting forever), and other images with a container runtime configured (the docker CLI, with
+no engine to talk to: what can be checked here)."""
+
+from datetime import UTC, datetime
+
+import pytest
+import redis
+from django.conf import settings
+from django.contrib.auth.models import User
+
+from scriptsteps import container, sandbox
+from scriptsteps.models import ScriptRun
+from tests.events_helpers import clear_queues, wait_until
+from tests.script_helpers import kill_tree, processes_of_uid, script_workers
+from tests.test_script_steps import log_of
+from tests.workflow_helpers import finished, run_of, step_in
+from workflows import engine
+from workflows.models import StepRun
+from workflows.steps.base import StepContext
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def owner(db) -> User:
+    return User.objects.create_user("ops")
+
+
+@pytest.fixture
+def start_workers(django_db_blocker, bao, live_server, tmp_path):
+    started = []
+
+    def start(**env: str):
+        clear_queues(redis.Redis.from_url(settings.CELERY_BROKER_URL))
+        with django_db_blocker.unblock():
+            workers = script_workers(tmp_path, bao, live_server.url, **env)
+        started.extend(workers)
+        return workers
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+def test_a_worker_killed_mid_script_takes_its_sandbox_along_and_the_step_fails_saying_why(
+    start_workers, owner
+):
+    engine_worker, steps_worker = start_workers(STEP_LOST_AFTER="2")
+    run = run_of(
+        owner,
+        "apiVersion: v1\nsteps:\n- {name: long, image: relaysh/core, input: [echo started, sleep 60]}\n",
+    )
+    step = step_in(run, "long", "in-progress")
+    wait_until(lambda: "started" in log_of(run, "long"), 30)
+    assert processes_of_uid(settings.STEP_SANDBOX_UID)
+    kill_tree(steps_worker.process.pid)
+    steps_worker.process.wait(timeout=10)
+    # --die-with-parent: the sandbox went with the worker process that ran it.
+    wait_until(lambda: not processes_of_uid(settings.STEP_SANDBOX_UID), 10)
+
+    # The step is checked again at its recheck time (the beat's sweep; here, by hand).
+    def ended() -> bool:
+        engine.sweep()
+        return StepRun.objects.get(pk=step.pk).status != "in-progress"
+
+    wait_until(ended, 30, every=0.5)
+    step.refresh_from_db()
+    assert step.status == "failure"
+    assert step.message.startswith("The worker running the script stopped (not heard of for 2 seconds)")
+    assert ScriptRun.objects.get(pk=step.pk).status == "lost"
+    assert finished(run).outcome == "failure"
+    assert engine_worker.process.poll() is None
+
+
+def test_other_images_go_to_the_configured_container_runtime(start_workers, owner):
+    start_workers(STEP_CONTAINER_RUNTIME="docker")
+    source = """
+apiVersion: v1
+steps:
+- name: alpine
+  image: alpine:3
+  input: [echo hello from alpine]
+"""
+    run = finished(run_of(owner, source))
+    step = run.steps.get(name="alpine")
+    # Nothing runs docker's engine here: its CLI says so, and the step fails with that.
+    assert step.status == "failure"
+    assert step.message == "The script exited with status 125."
+    assert "Cannot connect to the Docker daemon" in log_of(run, "alpine")
+
+
+def test_the_container_command_line_carries_the_program_and_limits_but_no_values():
+    ctx = StepContext(
+        step_run_id="s",
+        run_id="r",
+        owner_id=1,
+        step_name="build",
+        image="alpine:3",
+        spec={},
+        env={},
+        state={},
+        started_at=datetime.now(UTC),
+    )
+    program = sandbox.Program(argv=[], env={"METADATA_API_URL": "http://rlys_x@h", "TOKEN": "s3cret"})
+    limits = sandbox.Limits(10, 5, 64 * 1024 * 1024, 32, 1000, 1000)
+    argv = container.command("podman", ctx, program, limits, "relay-step-1", "/srv/s.sh")
+    assert argv[:4] == ["podman", "run", "--rm", "--name"]
+    assert argv[-3:] == ["--entrypoint", sandbox.SCRIPT_PATH, "alpine:3"]
+    assert f"/srv/s.sh:{sandbox.SCRIPT_PATH}:ro" in argv
+    for flag, value in (
+        ("--pids-limit", "32"),
+        ("--memory", f"{64 * 1024 * 1024}b"),
+        ("--ulimit", "cpu=5:5"),
+        ("--network", "host"),
+        ("--cap-drop", "ALL"),
+    ):
+        assert argv[argv.index(flag) + 1] == value
+    assert not any("s3cret" in arg or "rlys_" in arg for arg in argv)  # values: from the environment
+    assert argv.count("-e") == 2 and "TOKEN" in argv and "METADATA_API_URL" in argv
+    with_command = container.command(
+        "docker",
+        StepContext(**{**ctx.__dict__, "command": "/bin/run", "args": ("a", "b")}),
+        sandbox.Program(argv=[], env={}, network=False),
+        limits,
+        "n",
+        None,
+    )
+    assert with_command[-5:] == ["--entrypoint", "/bin/run", "alpine:3", "a", "b"]
+    assert with_command[with_command.index("--network") + 1] == "none"
