@@ -16,9 +16,11 @@ from stepruntime.models import StepCredential
 
 @sensitive_variables("token")
 def grant(step_run_id: Any) -> str:
-    """The step runtime API's URL for this step run, with a new credential in its user part:
-    `http://rlys_…@127.0.0.1:8000`. relay_sdk and `ni` send the user part as HTTP Basic
-    authentication and join absolute paths (`/spec`) onto the URL. A second grant for the
+    """The step runtime API's URL for this step run, with a new credential in its user part
+    and an empty password: `http://rlys_…:@127.0.0.1:8000`. relay_sdk and `ni` send it as
+    HTTP Basic authentication (`rlys_…:`) and join absolute paths (`/spec`) onto the URL.
+    (The colon matters: requests sends no authentication for a URL with a user and no
+    password.) A second grant for the
     same step run replaces the first credential. It works while the step run is
     `in-progress` and never after. Call inside the transaction that starts the step."""
     token = StepCredential.issue(step_run_id)
@@ -30,5 +32,5 @@ def with_user(base: str, user: str) -> str:
     host = parts.hostname or ""
     if ":" in host:
         host = f"[{host}]"  # an IPv6 literal
-    netloc = f"{user}@{host}" + (f":{parts.port}" if parts.port else "")
+    netloc = f"{user}:@{host}" + (f":{parts.port}" if parts.port else "")
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 from django.contrib.auth.models import User
 
-from stepruntime.credentials import grant
+from stepruntime.credentials import grant, with_user
 from tests.workflow_helpers import run_of
 from workflows import engine
 from workflows.models import StepRun, StepStatus, WorkflowRun
@@ -40,7 +40,7 @@ def start_step(run: WorkflowRun, name: str, base: str | None = None) -> Running:
     assert lease is not None, f"step {name} is {step.status}"
     url = grant(step.pk)
     if base:
-        url = url.replace("http://127.0.0.1:8000", base.rstrip("/"))
+        url = with_user(base, urlsplit(url).username or "")
     return Running(run, step, lease, url)
 
 

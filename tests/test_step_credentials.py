@@ -29,13 +29,14 @@ def test_grant_gives_the_runtime_url_with_a_step_token_as_its_user(alice):
     parts = urlsplit(held.url)
     assert (parts.scheme, parts.hostname, parts.port, parts.path) == ("http", "127.0.0.1", 8000, "")
     assert parts.username.startswith("rlys_") and len(parts.username) == 66
+    assert parts.password == ""  # requests sends no Basic authentication without it
     assert StepCredential.for_token(parts.username).step_run_id == held.step.pk
 
 
 @override_settings(STEP_RUNTIME_URL="http://[::1]:9000")
 def test_grant_follows_the_setting(alice):
     held = running(alice, SOURCE, "a")
-    assert held.url.startswith("http://rlys_") and held.url.endswith("@[::1]:9000")
+    assert held.url.startswith("http://rlys_") and held.url.endswith(":@[::1]:9000")
 
 
 def test_only_the_digest_is_stored(alice):
