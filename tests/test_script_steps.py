@@ -287,7 +287,7 @@ steps:
     assert steps_of(run)["leak"].status == "success", log
     assert "whole: ***\n" in log and "split: ***\n" in log
     assert '"token": "***"' in log.replace(" ", "").replace('"token":"***"', '"token": "***"')
-    assert "url: http://***@" in log
+    assert "url: http://***:@" in log
     chunks = list(LogChunk.objects.filter(script_id=steps_of(run)["leak"].pk).values_list("text", flat=True))
     assert len(chunks) >= 2  # it was stored in pieces, while it ran
     for text in chunks:
