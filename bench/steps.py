@@ -9,7 +9,8 @@ One function per figure, each printing its own lines:
   the first line of its output, p50 and p99 over `--runs` steps run one after another;
 - `parallel_scripts`: `--parallel` script steps of one run side by side (each reads its spec
   with `ni get | jq` and sets an output), on a `steps` worker with as many processes: the
-  run's wall time and each step's own time (its sandbox's launch to its exit).
+  run's wall time and each step's own time (its script taken by a worker to its exit), and
+  the same step run alone.
 
 It makes its own database (relay_bench_steps) and OpenBao dev server, uses Redis db 13
 (CELERY_BROKER_URL to change it) under its own key prefix.
@@ -100,6 +101,12 @@ def parallel_scripts(owner, args: argparse.Namespace) -> None:
         ]
     source = "\n".join(lines) + "\n"
     run_workflow(owner, "parallel-warm-up", source)
+    # The same script alone, for comparison: what one step costs with the cores to itself.
+    alone: list[float] = []
+    for i in range(5):
+        run_id = run_workflow(owner, f"alone-{i}", "\n".join(lines[:9]) + "\n")
+        script = ScriptRun.objects.get(step_run__run_id=run_id)
+        alone.append((script.ended_at - script.started_at).total_seconds())
     walls: list[float] = []
     per_step: list[float] = []
     for i in range(3):
@@ -119,8 +126,9 @@ def parallel_scripts(owner, args: argparse.Namespace) -> None:
     )
     print(f"    run created → last step ended: p50 {pct(walls, 50):.2f} s, max {max(walls):.2f} s")
     print(
-        f"    each step (sandbox launched → exited, `ni get | jq` and `ni output set` included): "
-        f"p50 {pct(per_step, 50) * 1000:.0f} ms, p99 {pct(per_step, 99) * 1000:.0f} ms"
+        f"    each step's script (taken by a worker → exited; `ni get | jq`, `ni output set`): "
+        f"p50 {pct(per_step, 50) * 1000:.0f} ms, p99 {pct(per_step, 99) * 1000:.0f} ms; "
+        f"the same step alone: p50 {pct(alone, 50) * 1000:.0f} ms"
     )
 
 

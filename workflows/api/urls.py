@@ -39,7 +39,6 @@ urlpatterns = [
         WorkflowRunViewSet.as_view({"get": "log"}),
         name="workflow-run-step-log",
     ),
-    path("workflow-runs/<uuid:pk>/steps/<str:step>/log/", WorkflowRunViewSet.as_view({"get": "log"})),
     path(
         "workflow-runs/<uuid:pk>/steps/<str:step>/reject/",
         WorkflowRunViewSet.as_view({"post": "reject"}),
