@@ -371,9 +371,13 @@ STEP_NETWORK = env.bool("STEP_NETWORK", default=True)  # off: the step cannot re
 # "true" (refuse to run steps without them) or "false" (rlimits on the sandbox's uid only).
 STEP_CGROUPS = env.str("STEP_CGROUPS", default="auto")
 STEP_CGROUP_PARENT = env.str("STEP_CGROUP_PARENT", default="relay-steps")
-# A worker running as root drops the sandbox to this uid/gid (used by nothing else).
+# A worker running as root runs each sandbox as a uid of its own from STEP_SANDBOX_UID to
+# STEP_SANDBOX_UID + STEP_SANDBOX_UIDS - 1 (used by nothing else), group STEP_SANDBOX_GID; a
+# file per uid under STEP_SANDBOX_UID_LOCKS says which are taken (shared by the machine's workers).
 STEP_SANDBOX_UID = env.int("STEP_SANDBOX_UID", default=61000)
+STEP_SANDBOX_UIDS = env.int("STEP_SANDBOX_UIDS", default=256)
 STEP_SANDBOX_GID = env.int("STEP_SANDBOX_GID", default=61000)
+STEP_SANDBOX_UID_LOCKS = env.str("STEP_SANDBOX_UID_LOCKS", default="/run/relay-step-uids")
 STEP_BWRAP = env.str("STEP_BWRAP", default="/usr/bin/bwrap")
 # relay_sdk and its dependencies for `relaysh/core:latest-python` (the Makefile builds it).
 # `ni`, the step runtime's command-line client (stepruntime/), at /usr/local/bin/ni in every sandbox.

@@ -15,10 +15,12 @@ socket, nor any other step's /work (each step's is its own tmpfs, in its own mou
 Limits: wall time (the supervisor's clock), output size (it stops reading and kills), and,
 through the step's cgroups (cgroups.py) when the worker may make them, processes (pids.max),
 memory (memory.limit_in_bytes) and CPU (summed over the step's processes); without cgroups,
-rlimits: RLIMIT_NPROC on the sandbox's uid, RLIMIT_AS and RLIMIT_CPU for each process.
+rlimits: RLIMIT_NPROC on the sandbox's own uid (a root worker gives each sandbox a uid of its
+own, UidSlot), RLIMIT_AS and RLIMIT_CPU for each process.
 """
 
 import errno
+import fcntl
 import os
 import selectors
 import signal
@@ -129,12 +131,59 @@ class SandboxUnavailable(Exception):
     """This worker cannot run sandboxes (no bubblewrap, or cgroups it was told to use)."""
 
 
-def _sandbox_ids() -> tuple[int | None, int | None]:
-    """Who the sandbox runs as outside: a root worker drops to the dedicated uid; any other
-    worker's sandbox runs as the worker (it cannot change uid)."""
-    if os.geteuid() == 0:
-        return settings.STEP_SANDBOX_UID, settings.STEP_SANDBOX_GID
-    return None, None
+class UidSlot:
+    """A uid of its own for one sandbox, from STEP_SANDBOX_UID … + STEP_SANDBOX_UIDS - 1, held
+    (an flock on a file per uid, so across every worker process of the machine) while the
+    sandbox runs. Its own uid makes RLIMIT_NPROC, which counts a real uid's processes, a limit
+    of this step alone, and lets the supervisor count the step's processes without cgroups.
+    Only a root worker can change uid; any other's sandbox runs as the worker (uid None)."""
+
+    def __init__(self) -> None:
+        self.uid: int | None = None
+        self.gid: int | None = None
+        self._fd: int | None = None
+
+    def __enter__(self) -> "UidSlot":
+        if os.geteuid() != 0:
+            return self
+        locks = Path(settings.STEP_SANDBOX_UID_LOCKS)
+        locks.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for uid in range(settings.STEP_SANDBOX_UID, settings.STEP_SANDBOX_UID + settings.STEP_SANDBOX_UIDS):
+            fd = os.open(locks / str(uid), os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            if _processes_of(uid):  # a sandbox of a worker that died, not yet gone
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+                continue
+            self.uid, self.gid, self._fd = uid, settings.STEP_SANDBOX_GID, fd
+            return self
+        raise SandboxUnavailable(
+            f"All {settings.STEP_SANDBOX_UIDS} sandbox uids (STEP_SANDBOX_UID, STEP_SANDBOX_UIDS) "
+            "are in use: more scripts at once on this machine than it has uids for."
+        )
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+def _processes_of(uid: int) -> int:
+    """How many processes the real uid `uid` has (what RLIMIT_NPROC counts, threads aside)."""
+    count = 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if entry.stat(follow_symlinks=False).st_uid == uid:
+                    count += 1
+            except OSError:
+                pass
+    return count
 
 
 _etc_lock = threading.Lock()
@@ -252,10 +301,22 @@ def run(
     `limits.output_bytes` of it. Raises SandboxUnavailable when it cannot start at all."""
     if not Path(settings.STEP_BWRAP).exists():
         raise SandboxUnavailable(f"bubblewrap is not installed at {settings.STEP_BWRAP} (STEP_BWRAP).")
-    with_cgroups = use_cgroups()
-    uid, gid = _sandbox_ids()
+    with UidSlot() as slot:
+        return _run(program, limits, on_output, tick, tick_every, kill_hook, slot)
+
+
+def _run(
+    program: Program,
+    limits: Limits,
+    on_output: Callable[[bytes], None],
+    tick: Callable[[], str | None],
+    tick_every: float,
+    kill_hook: Callable[[], None] | None,
+    slot: UidSlot,
+) -> Result:
+    uid, gid = slot.uid, slot.gid
     group = (
-        cgroups.StepCgroup(f"step-{uuid.uuid4().hex}", settings.STEP_CGROUP_PARENT) if with_cgroups else None
+        cgroups.StepCgroup(f"step-{uuid.uuid4().hex}", settings.STEP_CGROUP_PARENT) if use_cgroups() else None
     )
     script_fd = None
     try:
@@ -285,7 +346,8 @@ def run(
         if script_fd is not None:
             os.close(script_fd)
             script_fd = None
-        result = _supervise(process, group, limits, on_output, tick, tick_every, result, kill_hook)
+        counted = uid if group is None else None
+        result = _supervise(process, group, limits, on_output, tick, tick_every, result, kill_hook, counted)
         if result.exit_code is not None and not result.reason:
             result.reason = _why_it_ended(result.exit_code, group, limits)
         return result
@@ -334,7 +396,9 @@ def _supervise(
     tick_every: float,
     result: Result,
     kill_hook: Callable[[], None] | None,
+    counted_uid: int | None = None,
 ) -> Result:
+    """`counted_uid`: the sandbox's own uid when no cgroup counts its processes."""
     assert process.stdout is not None
     fd = process.stdout.fileno()
     os.set_blocking(fd, False)
@@ -378,7 +442,7 @@ def _supervise(
                 )
             if not stop.reason and now >= next_tick:
                 next_tick = now + tick_every
-                stop.reason = tick() or _over_limits(group, limits)
+                stop.reason = tick() or _over_limits(group, limits, counted_uid)
             if stop.reason:
                 _kill(process, group, kill_hook)
                 _drain(fd, open_pipe)
@@ -417,8 +481,14 @@ def _drain(fd: int, open_pipe: bool) -> None:
         pass
 
 
-def _over_limits(group: cgroups.StepCgroup | None, limits: Limits) -> str | None:
+def _over_limits(group: cgroups.StepCgroup | None, limits: Limits, counted_uid: int | None) -> str | None:
     if group is None:
+        # Without cgroups, the step's own uid: a step at RLIMIT_NPROC is one whose forks fail.
+        if counted_uid is not None and _processes_of(counted_uid) >= limits.processes:
+            return (
+                f"The step tried to run more than {limits.processes} processes at once "
+                "(STEP_MAX_PROCESSES); it was stopped."
+            )
         return None
     if group.pids_refused():
         # A fork bomb never ends by itself: its forks fail and it retries, so it is stopped.

@@ -5,6 +5,8 @@ import os
 import signal
 from pathlib import Path
 
+from django.conf import settings
+
 from tests.workflow_helpers import EngineWorker
 
 # Small limits, so that the tests that meet them end quickly.
@@ -56,12 +58,14 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
-def processes_of_uid(uid: int) -> list[int]:
+def sandbox_processes() -> list[int]:
+    """Processes running as any of the sandboxes' uids (a root worker's)."""
+    uids = range(settings.STEP_SANDBOX_UID, settings.STEP_SANDBOX_UID + settings.STEP_SANDBOX_UIDS)
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if entry.stat().st_uid == uid:
+                if entry.stat().st_uid in uids:
                     found.append(int(entry.name))
             except OSError:
                 pass

@@ -17,7 +17,7 @@ from django.contrib.auth.models import User
 from scriptsteps.models import LogChunk, ScriptRun
 from tests.conftest import client_for
 from tests.events_helpers import clear_queues, wait_until
-from tests.script_helpers import processes_of_uid, script_workers
+from tests.script_helpers import sandbox_processes, script_workers
 from tests.workflow_helpers import finished, make_workflow, run_of, step_in, steps_of
 from workflows import engine
 from workflows.models import WorkflowSecret
@@ -252,7 +252,7 @@ def test_limits_end_their_steps_with_the_reason_and_the_worker_lives(workers, ow
         "The step used more than 3 seconds of CPU (STEP_CPU_SECONDS).",
     )
     # Nothing of them is left, and the worker goes on running steps.
-    wait_until(lambda: not processes_of_uid(settings.STEP_SANDBOX_UID), 10)
+    wait_until(lambda: not sandbox_processes(), 10)
     assert steps_worker.process.poll() is None
     after = finished(
         run_of(
@@ -354,7 +354,7 @@ def test_a_cancelled_run_stops_its_script_at_once(workers, owner):
     script.refresh_from_db()
     assert script.reason == "Cancelled with the run."
     assert (script.ended_at - script.started_at).total_seconds() < 10
-    wait_until(lambda: not processes_of_uid(settings.STEP_SANDBOX_UID), 10)
+    wait_until(lambda: not sandbox_processes(), 10)
 
 
 def test_the_admin_run_page_shows_each_script_steps_log_tail(workers, owner, client):

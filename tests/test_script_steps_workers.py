@@ -13,7 +13,7 @@ from django.contrib.auth.models import User
 from scriptsteps import container, sandbox
 from scriptsteps.models import ScriptRun
 from tests.events_helpers import clear_queues, wait_until
-from tests.script_helpers import kill_tree, processes_of_uid, script_workers
+from tests.script_helpers import kill_tree, sandbox_processes, script_workers
 from tests.test_script_steps import log_of
 from tests.workflow_helpers import finished, run_of, step_in
 from workflows import engine
@@ -54,11 +54,11 @@ def test_a_worker_killed_mid_script_takes_its_sandbox_along_and_the_step_fails_s
     )
     step = step_in(run, "long", "in-progress")
     wait_until(lambda: "started" in log_of(run, "long"), 30)
-    assert processes_of_uid(settings.STEP_SANDBOX_UID)
+    assert sandbox_processes()
     kill_tree(steps_worker.process.pid)
     steps_worker.process.wait(timeout=10)
     # --die-with-parent: the sandbox went with the worker process that ran it.
-    wait_until(lambda: not processes_of_uid(settings.STEP_SANDBOX_UID), 10)
+    wait_until(lambda: not sandbox_processes(), 10)
 
     # The step is checked again at its recheck time (the beat's sweep; here, by hand).
     def ended() -> bool:
@@ -129,3 +129,35 @@ def test_the_container_command_line_carries_the_program_and_limits_but_no_values
     )
     assert with_command[-5:] == ["--entrypoint", "/bin/run", "alpine:3", "a", "b"]
     assert with_command[with_command.index("--network") + 1] == "none"
+
+
+def test_without_cgroups_a_process_flood_is_bounded_by_its_own_uids_process_limit(start_workers, owner):
+    """RLIMIT_NPROC counts every process of a real uid: each sandbox has a uid of its own, so
+    the limit is the step's, and the supervisor, counting that uid's processes every 0.25 s,
+    stops a step it finds at the limit. (A bomb whose forks fail may also give up and exit
+    between two looks; it was bounded all the same.)"""
+    _, steps_worker = start_workers(STEP_CGROUPS="false", STEP_WALL_TIME="20")
+    source = """
+apiVersion: v1
+steps:
+- name: fork-bomb
+  image: relaysh/core
+  input: ["#!/bin/bash", "for i in $(seq 500); do sleep 30 & done", "wait"]
+"""
+    run = run_of(owner, source)
+    most = 0
+    while run.steps.get().status in ("pending", "in-progress"):
+        most = max(most, len(sandbox_processes()))
+    run = finished(run)
+    step = run.steps.get()
+    assert step.status == "failure", (most, log_of(run, "fork-bomb")[-2000:])
+    assert step.message == (
+        "The step tried to run more than 48 processes at once (STEP_MAX_PROCESSES); it was stopped."
+    )
+    assert 10 < most <= 48  # it forked as far as the limit let it, and no further
+    wait_until(lambda: not sandbox_processes(), 10)
+    assert steps_worker.process.poll() is None
+    after = run_of(
+        owner, "apiVersion: v1\nsteps:\n- {name: ok, image: relaysh/core, input: [echo fine]}\n", name="after"
+    )
+    assert finished(after).outcome == "success"
