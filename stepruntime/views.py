@@ -65,6 +65,9 @@ class IsRunningStep(BasePermission):
 
 
 class StepView(APIView):
+    # Not in the service's OpenAPI schema (/api/schema/): relay-core's API, for steps only,
+    # documented in the README.
+    schema = None
     authentication_classes = [StepCredentialAuthentication]
     permission_classes = [IsRunningStep]
     parser_classes = [RawBodyParser]

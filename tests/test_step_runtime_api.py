@@ -270,6 +270,7 @@ def test_a_step_starts_a_workflow_of_its_owner_by_name(held, alice, bob):
 
 def test_no_or_another_kind_of_token_is_401(held, alice):
     assert_problem(APIClient().get("/spec"), 401)
+    assert_problem(APIClient().get("/outputs/a/b/c"), 404)  # no such route: a problem too
     user = client_for(alice)
     assert_problem(user.get("/spec"), 401)
     bad = APIClient()
