@@ -30,6 +30,7 @@ from scriptsteps.masking import Masker
 from scriptsteps.models import ScriptRun, ScriptStatus
 from stepruntime.credentials import grant
 from workflows import engine
+from workflows.models import StepRun
 from workflows.steps.base import Done, StepContext, Wait, image_name
 
 log = logging.getLogger(__name__)
@@ -265,7 +266,7 @@ class LogWriter:
         self.script.append_log(text)
 
 
-def read_log(step: Any, offset: int, limit: int) -> Mapping[str, Any]:
+def read_log(step: StepRun, offset: int, limit: int) -> Mapping[str, Any]:
     """A step's log from `offset` (characters) for the API and the admin: the text, where the
     next read starts, and whether more can come."""
     script = ScriptRun.objects.filter(pk=step.pk).first()

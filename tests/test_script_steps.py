@@ -18,6 +18,7 @@ from scriptsteps.models import LogChunk, ScriptRun
 from tests.conftest import client_for
 from tests.events_helpers import clear_queues, wait_until
 from tests.script_helpers import sandbox_processes, script_workers
+from tests.test_step_runtime_clients import says_when_it_closes  # noqa: F401 (autouse: relay_sdk on the test server)
 from tests.workflow_helpers import finished, make_workflow, run_of, step_in, steps_of
 from workflows import engine
 from workflows.models import WorkflowSecret
@@ -86,6 +87,7 @@ def test_a_core_step_reads_its_spec_with_ni_and_jq_and_sets_an_output(workers, o
 
 
 def test_a_python_step_uses_the_official_sdk(workers, owner):
+    # relay_sdk on the test server: says_when_it_closes (autouse) makes it close as gunicorn does.
     source = """
 apiVersion: v1
 steps:
