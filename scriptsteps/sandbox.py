@@ -301,6 +301,11 @@ def run(
     `limits.output_bytes` of it. Raises SandboxUnavailable when it cannot start at all."""
     if not Path(settings.STEP_BWRAP).exists():
         raise SandboxUnavailable(f"bubblewrap is not installed at {settings.STEP_BWRAP} (STEP_BWRAP).")
+    if program.python and not Path(settings.STEP_PYTHON_DIR).is_dir():
+        raise SandboxUnavailable(
+            f"relay_sdk for relaysh/core:latest-python is not installed on this worker "
+            f"({settings.STEP_PYTHON_DIR}; `make .step-python/.installed` builds it)."
+        )
     with UidSlot() as slot:
         return _run(program, limits, on_output, tick, tick_every, kill_hook, slot)
 

@@ -202,6 +202,13 @@ def _execute(script: ScriptRun, worker: uuid.UUID) -> None:
         writer.close()
         script.fail_to_start(str(exc))
         return
+    except Exception as exc:
+        # Not the script's doing (the machine, a bug): said as such, at once, rather than
+        # left for STEP_LOST_AFTER to find.
+        log.exception("script of step %s: the sandbox failed", script.pk)
+        writer.close()
+        script.finish(worker, None, f"The sandbox failed ({type(exc).__name__}: {exc}).", None)
+        return
     writer.close()
     first = result.first_output_at
     first_ms = (first - result.spawned_at) * 1000 if first is not None else None

@@ -161,3 +161,34 @@ steps:
         owner, "apiVersion: v1\nsteps:\n- {name: ok, image: relaysh/core, input: [echo fine]}\n", name="after"
     )
     assert finished(after).outcome == "success"
+
+
+def test_with_the_network_off_a_step_reaches_nothing_and_a_worker_without_the_sdk_says_so(
+    start_workers, owner
+):
+    start_workers(STEP_NETWORK="false", STEP_PYTHON_DIR="/nonexistent/step-python")
+    source = """
+apiVersion: v1
+steps:
+- name: offline
+  image: relaysh/core
+  input:
+  - grep -c ':' /proc/net/dev
+  - curl -sS -m 5 "$METADATA_API_URL/spec"
+- name: py
+  image: relaysh/core:latest-python
+  input: ["#!/usr/bin/env python3", "import relay_sdk"]
+"""
+    run = finished(run_of(owner, source))
+    steps = {step.name: step for step in run.steps.all()}
+    assert log_of(run, "offline").startswith("1\n")  # one interface: its own loopback
+    assert "Failed to connect" in log_of(run, "offline") or "Couldn't connect" in log_of(run, "offline")
+    assert (steps["offline"].status, steps["offline"].message) == (
+        "failure",
+        "The script exited with status 7.",
+    )
+    assert steps["py"].status == "failure"
+    assert steps["py"].message == (
+        "relay_sdk for relaysh/core:latest-python is not installed on this worker "
+        "(/nonexistent/step-python; `make .step-python/.installed` builds it)."
+    )
