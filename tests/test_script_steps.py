@@ -14,6 +14,7 @@ import redis
 from django.conf import settings
 from django.contrib.auth.models import User
 
+from puppet_connection.models import PuppetConnection
 from scriptsteps.models import LogChunk, ScriptRun
 from tests.conftest import client_for
 from tests.events_helpers import clear_queues, wait_until
@@ -273,7 +274,7 @@ apiVersion: v1
 steps:
 - name: leak
   image: relaysh/core
-  spec: {token: !Secret apiToken}
+  spec: {token: !Secret apiToken, connection: !Connection {type: puppet, name: prod}}
   env: {TOKEN: !Secret apiToken}
   input:
   - 'echo "whole: $TOKEN"'
@@ -284,11 +285,15 @@ steps:
 """
     workflow = make_workflow(owner, source)
     WorkflowSecret.put(workflow, "apiToken", secret, owner)
+    _, connection_token = PuppetConnection.create_with_token(owner=owner, name="prod")
     run = finished(engine.create_run(workflow, {}, created_by=owner))
     log = log_of(run, "leak")
     assert steps_of(run)["leak"].status == "success", log
     assert "whole: ***\n" in log and "split: ***\n" in log
-    assert '"token": "***"' in log.replace(" ", "").replace('"token":"***"', '"token": "***"')
+    compact = log.replace(" ", "")
+    assert '"token":"***"' in compact  # the secret, as `ni get` prints it (JSON-escaped)
+    assert '"connection":{"relayAPIURL":"http://' in compact and '"token":"***"}' in compact
+    assert str(connection_token) not in log
     assert "url: http://***:@" in log
     chunks = list(LogChunk.objects.filter(script_id=steps_of(run)["leak"].pk).values_list("text", flat=True))
     assert len(chunks) >= 2  # it was stored in pieces, while it ran
