@@ -109,6 +109,29 @@ class StepCgroup:
             time.sleep(0.02)
 
 
+def remove_stale(parent: str, older_than: float) -> int:
+    """Remove step cgroups a dead worker left (its sandbox died with it, nobody removed them):
+    empty ones older than `older_than` seconds (a live step's cgroup has its processes in it,
+    and one being set up is seconds old). Returns how many went."""
+    removed = 0
+    now = time.time()
+    for controller in CONTROLLERS:
+        try:
+            entries = list(os.scandir(_parent(controller, parent)))
+        except OSError:
+            continue
+        for entry in entries:
+            if not entry.name.startswith("step-") or not entry.is_dir():
+                continue
+            try:
+                if now - entry.stat().st_mtime > older_than and not (Path(entry.path) / "tasks").read_text():
+                    os.rmdir(entry.path)
+                    removed += 1
+            except OSError:
+                pass  # in use again, or gone meanwhile
+    return removed
+
+
 def _counter(path: Path, key: str) -> int:
     try:
         for line in path.read_text().splitlines():

@@ -323,6 +323,8 @@ def _run(
     group = (
         cgroups.StepCgroup(f"step-{uuid.uuid4().hex}", settings.STEP_CGROUP_PARENT) if use_cgroups() else None
     )
+    if group is not None:
+        cgroups.remove_stale(settings.STEP_CGROUP_PARENT, older_than=settings.STEP_WALL_TIME + 300)
     script_fd = None
     try:
         if group is not None:

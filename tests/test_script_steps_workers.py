@@ -10,7 +10,7 @@ import redis
 from django.conf import settings
 from django.contrib.auth.models import User
 
-from scriptsteps import container, sandbox
+from scriptsteps import cgroups, container, sandbox
 from scriptsteps.models import ScriptRun
 from tests.events_helpers import clear_queues, wait_until
 from tests.script_helpers import kill_tree, sandbox_processes, script_workers
@@ -72,6 +72,12 @@ def test_a_worker_killed_mid_script_takes_its_sandbox_along_and_the_step_fails_s
     assert ScriptRun.objects.get(pk=step.pk).status == "lost"
     assert finished(run).outcome == "failure"
     assert engine_worker.process.poll() is None
+    # Its cgroups stayed (nobody was left to remove them): the next sandbox's setup removes
+    # such empty ones once they are older than any step can run (here: at once).
+    left = list((cgroups.ROOT / "pids" / settings.STEP_CGROUP_PARENT).glob("step-*"))
+    assert left and all(not (path / "tasks").read_text() for path in left)
+    assert cgroups.remove_stale(settings.STEP_CGROUP_PARENT, older_than=0) >= 3 * len(left)
+    assert not list((cgroups.ROOT / "pids" / settings.STEP_CGROUP_PARENT).glob("step-*"))
 
 
 def test_other_images_go_to_the_configured_container_runtime(start_workers, owner):
