@@ -17,7 +17,16 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt bridge_client/pyprojec
 	$(BIN)/pip install --quiet --disable-pip-version-check -e ./bridge_client
 	touch $@
 
-run: $(VENV)/.installed
+# relay_sdk for `relaysh/core:latest-python` script steps, for the Python that runs them
+# (Debian's, inside the sandbox): pinned, no dependency resolution, wheels only.
+STEP_PYTHON ?= /usr/bin/python3
+.step-python/.installed: requirements-steps.txt
+	rm -rf .step-python
+	$(STEP_PYTHON) -m pip install --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+		--target .step-python -r requirements-steps.txt
+	touch $@
+
+run: $(VENV)/.installed .step-python/.installed
 	$(BIN)/python -m relay.embedded
 
 createsuperuser: $(VENV)/.installed
@@ -31,7 +40,7 @@ manage: $(VENV)/.installed
 system-packages:
 	scripts/install-system-packages
 
-test: $(VENV)/.installed system-packages
+test: $(VENV)/.installed system-packages .step-python/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(BIN)/pytest
@@ -45,4 +54,4 @@ format: $(VENV)/.installed
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .step-python .pytest_cache .ruff_cache

@@ -2,8 +2,8 @@
 
 Starts, in order: an OpenBao server with persistent file storage under var/ (initialised and
 unsealed on first start, unsealed again on every later start), database migrations, gunicorn,
-and a Celery worker with its beat. Ctrl-C (or SIGTERM) stops the web server and the worker
-first, then OpenBao, and exits 0.
+a Celery worker with its beat, and a Celery worker for the `steps` queue (script steps).
+Ctrl-C (or SIGTERM) stops the web server and the workers first, then OpenBao, and exits 0.
 
 Everything this generates lives under RELAY_VAR_DIR (default var/), files holding secrets
 with mode 0600. That is fine for one machine, not for production: see README "Production".
@@ -276,6 +276,25 @@ def main() -> int:
                 os.environ.get("CELERY_CONCURRENCY", "2"),
                 "--schedule",
                 str(VAR_DIR / "celerybeat-schedule"),
+            ],
+            env,
+        )
+        # Script steps on their own worker and queue: a slow script never holds the engine.
+        stack.start(
+            "celery-steps",
+            [
+                str(BIN_DIR / "celery"),
+                "-A",
+                "relay",
+                "worker",
+                "--queues",
+                "steps",
+                "--hostname",
+                "steps@%h",
+                "--loglevel",
+                "INFO",
+                "--concurrency",
+                os.environ.get("STEP_CONCURRENCY", "4"),
             ],
             env,
         )

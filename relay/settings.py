@@ -84,6 +84,7 @@ INSTALLED_APPS = [
     "triggers",
     "workflows",
     "stepruntime",
+    "scriptsteps",
 ]
 
 MIDDLEWARE = [
@@ -378,6 +379,41 @@ STEP_RUNTIME_URL = env.str(
     "STEP_RUNTIME_URL", default=f"http://127.0.0.1:{env.int('PORT', default=8000)}"
 ).rstrip("/")
 WORKFLOW_NOOP_STEPS = env.bool("WORKFLOW_NOOP_STEPS", default=False)
+
+# Script steps (scriptsteps/, README "Script steps"): `relaysh/core` steps run in bubblewrap on
+# the Celery queue `steps`. Limits are per step; times in seconds, sizes in bytes.
+STEP_WALL_TIME = env.int("STEP_WALL_TIME", default=600)
+STEP_CPU_SECONDS = env.int("STEP_CPU_SECONDS", default=300)
+STEP_MEMORY_BYTES = env.int("STEP_MEMORY_BYTES", default=512 * 1024 * 1024)
+STEP_MAX_PROCESSES = env.int("STEP_MAX_PROCESSES", default=256)
+STEP_OUTPUT_BYTES = env.int("STEP_OUTPUT_BYTES", default=1024 * 1024)  # then the step is killed
+STEP_WORK_DIR_BYTES = env.int("STEP_WORK_DIR_BYTES", default=256 * 1024 * 1024)  # /work and /tmp each
+STEP_NETWORK = env.bool("STEP_NETWORK", default=True)  # off: the step cannot reach even the runtime API
+# Per-step cgroups (pids, memory, cpuacct; cgroup v1) when the worker may make them: "auto",
+# "true" (refuse to run steps without them) or "false" (rlimits on the sandbox's uid only).
+STEP_CGROUPS = env.str("STEP_CGROUPS", default="auto")
+STEP_CGROUP_PARENT = env.str("STEP_CGROUP_PARENT", default="relay-steps")
+# A worker running as root runs each sandbox as a uid of its own from STEP_SANDBOX_UID to
+# STEP_SANDBOX_UID + STEP_SANDBOX_UIDS - 1 (used by nothing else), group STEP_SANDBOX_GID; a
+# file per uid under STEP_SANDBOX_UID_LOCKS says which are taken (shared by the machine's workers).
+STEP_SANDBOX_UID = env.int("STEP_SANDBOX_UID", default=61000)
+STEP_SANDBOX_UIDS = env.int("STEP_SANDBOX_UIDS", default=256)
+STEP_SANDBOX_GID = env.int("STEP_SANDBOX_GID", default=61000)
+STEP_SANDBOX_UID_LOCKS = env.str("STEP_SANDBOX_UID_LOCKS", default="/run/relay-step-uids")
+STEP_BWRAP = env.str("STEP_BWRAP", default="/usr/bin/bwrap")
+# relay_sdk and its dependencies for `relaysh/core:latest-python` (the Makefile builds it).
+# `ni`, the step runtime's command-line client (stepruntime/), at /usr/local/bin/ni in every sandbox.
+STEP_NI = Path(env.str("STEP_NI", default=str(BASE_DIR / "stepruntime" / "bin" / "ni")))
+STEP_PYTHON_DIR = Path(env.str("STEP_PYTHON_DIR", default=str(BASE_DIR / ".step-python")))
+STEP_HEARTBEAT = env.float("STEP_HEARTBEAT", default=5.0)
+# A script whose worker has not been heard of for this long ended with it (the worker died).
+STEP_LOST_AFTER = env.int("STEP_LOST_AFTER", default=60)
+# A script no worker of the `steps` queue took within this long fails (none is running).
+STEP_QUEUE_TIMEOUT = env.int("STEP_QUEUE_TIMEOUT", default=900)
+# Other images: "podman" or "docker" runs them in a container; empty: they fail, saying so.
+STEP_CONTAINER_RUNTIME = env.str("STEP_CONTAINER_RUNTIME", default="")
+STEP_CONTAINER_SCRIPTS = Path(env.str("STEP_CONTAINER_SCRIPTS", default=str(VAR_DIR / "step-scripts")))
+CELERY_TASK_ROUTES = {"scriptsteps.tasks.*": {"queue": "steps"}}
 
 # How often "last used" may be written for one token.
 TOKEN_LAST_USED_RESOLUTION = 60

@@ -221,10 +221,12 @@ def test_an_image_nothing_runs_fails_its_step_naming_what_can(worker, owner):
     assert step.status == "failure"
     assert step.message == (
         "No step here runs the image 'alpine:3'. The images this service runs itself: "
-        "relay-internal/noop, relaysh/puppet-step-plan-run-start, relaysh/puppet-step-run, "
+        "relay-internal/noop, relaysh/core, relaysh/puppet-step-plan-run-start, relaysh/puppet-step-run, "
         "relaysh/puppet-step-run-start, relaysh/puppet-step-run-wait, "
-        "relaysh/puppet-step-task-run-start, relaysh/slack-step-message-send. "
-        "(Script steps on other images are not supported yet.)"
+        "relaysh/puppet-step-task-run-start, relaysh/slack-step-message-send "
+        "(relaysh/core runs its script in a sandbox, any tag). Other images need a container "
+        "runtime, and none is configured: set STEP_CONTAINER_RUNTIME=podman (or docker) on the "
+        "workers to run them."
     )
     assert run.outcome == "failure" and run.message == "Failed: build."
 

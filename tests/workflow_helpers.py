@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 from django.contrib.auth.models import User
@@ -20,7 +21,14 @@ class EngineWorker:
     """`celery worker` in its own process (prefork with `concurrency` children, or solo),
     with the internal do-nothing step image turned on; its log goes to `log_path`."""
 
-    def __init__(self, log_path: Path, concurrency: int = 4, pool: str = "prefork", **env: str) -> None:
+    def __init__(
+        self,
+        log_path: Path,
+        concurrency: int = 4,
+        pool: str = "prefork",
+        queues: str = "celery",
+        **env: str,
+    ) -> None:
         db = connection.settings_dict
         self.log_path = log_path
         self.process = subprocess.Popen(
@@ -33,6 +41,10 @@ class EngineWorker:
                 pool,
                 "--concurrency",
                 str(concurrency),
+                "--queues",
+                queues,
+                "--hostname",
+                f"{queues.replace(',', '-')}-{uuid.uuid4().hex[:8]}@%h",
                 "--without-heartbeat",
                 "--without-gossip",
                 "--without-mingle",

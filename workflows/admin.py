@@ -18,6 +18,7 @@ from django.views.decorators.debug import sensitive_post_parameters
 
 from relay import vault
 from runs.models import Run
+from scriptsteps import services as scripts
 from workflows import engine
 from workflows.dialect.validate import validate
 from workflows.models import (
@@ -301,11 +302,39 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         "started_at",
         "ended_at",
         "cancel_requested",
+        "script_logs",
     ]
     readonly_fields = fields
 
+    class Media:
+        js = ["scriptsteps/log-tail.js"]
+
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+    @admin.display(description="script logs")
+    def script_logs(self, run: WorkflowRun) -> str:
+        """Each script step's log tail, which grows on the page while the step runs."""
+        blocks = []
+        for step in run.steps.filter(script__isnull=False).order_by("index"):
+            log = scripts.read_log(step, 0, scripts.ADMIN_TAIL + 1)
+            if log["length"] > scripts.ADMIN_TAIL:
+                log = scripts.read_log(step, log["length"] - scripts.ADMIN_TAIL, scripts.ADMIN_TAIL)
+            url = reverse("workflow-run-step-log", args=[run.pk, step.name])
+            blocks.append(
+                format_html(
+                    '<div><strong>{}</strong> <span class="log-status">{}</span>'
+                    '<pre style="max-height: 30em; overflow: auto; white-space: pre-wrap" '
+                    'data-log-url="{}" data-offset="{}"{}>{}</pre></div>',
+                    step.name,
+                    step.status,
+                    url,
+                    log["next_offset"],
+                    "" if log["complete"] else " data-follow",
+                    log["text"],
+                )
+            )
+        return format_html_join("", "{}", ((block,) for block in blocks)) if blocks else "—"
 
     @admin.display(description="parameters")
     def shown_parameters(self, run: WorkflowRun) -> str:

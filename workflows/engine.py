@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import models, transaction
@@ -397,8 +398,10 @@ def unknown_image_message(image: str) -> str:
     runnable = registry.runnable_images()
     can = ", ".join(runnable) if runnable else "none yet"
     return (
-        f"No step here runs the image {image!r}. The images this service runs itself: {can}. "
-        "(Script steps on other images are not supported yet.)"
+        f"No step here runs the image {image!r}. The images this service runs itself: {can} "
+        "(relaysh/core runs its script in a sandbox, any tag). Other images need a container "
+        "runtime, and none is configured: set STEP_CONTAINER_RUNTIME=podman (or docker) on the "
+        "workers to run them."
     )
 
 
@@ -672,7 +675,51 @@ def _context(step: StepRun, run: WorkflowRun, data: Data, lookups: _Lookups) -> 
         env=values["env"],
         state=dict(step.state or {}),
         started_at=step.started_at or timezone.now(),
+        input=tuple(container.input),
+        command=container.command,
+        args=tuple(container.args),
+        secrets=_secret_values(data),
     )
+
+
+def _secret_values(data: Data) -> tuple[str, ...]:
+    """What a step must not show: the secrets and connections its evaluation read (a
+    connection's URLs without credentials excepted: they are addresses, not secrets)."""
+    found = [value for value in data.secrets.values() if isinstance(value, str)]
+    for connection in data.connections.values():
+        found += [value for value in _strings(connection) if not _plain_url(value)]
+    return tuple(dict.fromkeys(found))
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, Mapping):
+        return [s for item in value.values() for s in _strings(item)]
+    if isinstance(value, list | tuple):
+        return [s for item in value for s in _strings(item)]
+    return []
+
+
+def _plain_url(value: str) -> bool:
+    parts = urlsplit(value)
+    return parts.scheme in ("http", "https") and bool(parts.netloc) and "@" not in parts.netloc
+
+
+class ContextError(Exception):
+    """A step's spec or env cannot be evaluated any more; the message says why."""
+
+
+def context_of(step_id: str) -> StepContext:
+    """A step in progress as its handler sees it, evaluated now: for the work a handler
+    leaves to another task (a script step's sandbox, scriptsteps.services), which reads its
+    secrets from Vault itself rather than through the broker. Raises ContextError."""
+    step = StepRun.objects.select_related("run", "run__workflow").get(pk=step_id)
+    run = step.run
+    try:
+        return _context(step, run, _data(run, _steps(run, "outputs")), _Lookups(run))
+    except _Undecidable as exc:
+        raise ContextError(str(exc)) from None
 
 
 # Queueing ------------------------------------------------------------------------------------

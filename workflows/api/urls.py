@@ -35,6 +35,11 @@ urlpatterns = [
         name="workflow-run-approve",
     ),
     path(
+        "workflow-runs/<uuid:pk>/steps/<str:step>/log",
+        WorkflowRunViewSet.as_view({"get": "log"}),
+        name="workflow-run-step-log",
+    ),
+    path(
         "workflow-runs/<uuid:pk>/steps/<str:step>/reject/",
         WorkflowRunViewSet.as_view({"post": "reject"}),
         name="workflow-run-reject",

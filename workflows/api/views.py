@@ -34,6 +34,7 @@ from relay.api.params import query_text
 from relay.api.permissions import may_for_all
 from relay.api.problems import PROBLEM_CONTENT_TYPE, problem
 from relay.api.views import NO_STORE
+from scriptsteps import services as scripts
 from workflows import engine
 from workflows.api.parsers import WORKFLOW_DOCUMENT_PARSERS
 from workflows.api.serializers import (
@@ -313,6 +314,28 @@ class WorkflowViewSet(viewsets.GenericViewSet):
         return workflow
 
 
+LOG_PAGE = 256 * 1024
+
+
+def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
+        raise exceptions.ValidationError({name: [f"A whole number from {low} to {high}."]})
+    return int(raw)
+
+
+class StepLogSerializer(serializers.Serializer):
+    step = serializers.CharField()
+    status = serializers.CharField()
+    offset = serializers.IntegerField()
+    next_offset = serializers.IntegerField()
+    length = serializers.IntegerField(help_text="Characters stored so far.")
+    text = serializers.CharField(allow_blank=True)
+    complete = serializers.BooleanField(help_text="The step has ended and nothing more will come.")
+
+
 def _run(run_id: Any) -> WorkflowRun:
     return WorkflowRun.objects.select_related("workflow__owner", "revision", "created_by").get(pk=run_id)
 
@@ -380,6 +403,27 @@ class WorkflowRunViewSet(viewsets.GenericViewSet):
     def reject(self, request: Request, pk: str, step: str) -> Response:
         """Reject an approval step waiting for its answer: the run fails."""
         return self._answer(request, step, approve=False)
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "offset", int, description="Where to start, in characters (a tail's next_offset)."
+            ),
+            OpenApiParameter("limit", int, description=f"At most this many characters (up to {LOG_PAGE})."),
+        ],
+        responses={200: StepLogSerializer, 400: PROBLEM, 404: PROBLEM},
+    )
+    def log(self, request: Request, pk: str, step: str) -> Response:
+        """A script step's output, as stored while it runs (its secrets masked): read from
+        `offset` and ask again from `next_offset` to follow it; `complete` once the step has
+        ended and everything was read."""
+        run = self.get_object()
+        step_run = StepRun.objects.filter(run=run, name=step).first()
+        if step_run is None:
+            raise exceptions.NotFound("The run has no step by this name.")
+        offset = _int_param(request, "offset", 0, 0, 2**31 - 1)
+        limit = _int_param(request, "limit", LOG_PAGE, 1, LOG_PAGE)
+        return Response(StepLogSerializer(scripts.read_log(step_run, offset, limit)).data)
 
     def _answer(self, request: Request, step_name: str, approve: bool) -> Response:
         run = self.get_object()

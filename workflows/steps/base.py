@@ -56,6 +56,12 @@ class StepContext:
     env: Mapping[str, Any]
     state: Mapping[str, Any]  # what the last Wait kept ({} on start)
     started_at: datetime
+    # A script step's program (scriptsteps/): its `input` lines, or `command` and `args`.
+    input: tuple[str, ...] = ()
+    command: str = ""
+    args: tuple[str, ...] = ()
+    # The values it received from secrets and connections: masked wherever it shows them.
+    secrets: tuple[str, ...] = field(default=(), repr=False)
 
 
 class StepHandler(Protocol):

@@ -22,6 +22,8 @@ from workflows.steps.base import StepHandler, image_name
 HandlerFactory = Callable[[], StepHandler]
 
 HANDLERS: dict[str, HandlerFactory] = {}
+# Any other image, when a container runtime is configured (scriptsteps.handler sets it).
+FALLBACK: list[HandlerFactory] = []
 
 
 def register(image: str) -> Callable[[HandlerFactory], HandlerFactory]:
@@ -46,12 +48,16 @@ def load() -> None:
     from workflows.steps.handlers import HANDLERS as NATIVE  # the published images' steps
 
     HANDLERS.update(NATIVE)
+    from scriptsteps import handler as scripts  # relaysh/core, and other images in containers
+
+    if settings.STEP_CONTAINER_RUNTIME:
+        FALLBACK[:] = [scripts.ContainerStep]
     if settings.WORKFLOW_NOOP_STEPS:
         from workflows.steps import noop  # noqa: F401  (registers on import)
 
 
 def handler_for(image: str) -> StepHandler | None:
-    factory = HANDLERS.get(image_name(image))
+    factory = HANDLERS.get(image_name(image)) or (FALLBACK[0] if FALLBACK else None)
     return factory() if factory is not None else None
 
 

@@ -1,0 +1,200 @@
+"""Script steps and their workers, each test with workers of its own: a `steps` worker killed
+mid-script (the sandbox dies with it, the step ends `failure` with the reason instead of
+waiting forever), and other images with a container runtime configured (the docker CLI, with
+no engine to talk to: what can be checked here)."""
+
+from datetime import UTC, datetime
+
+import pytest
+import redis
+from django.conf import settings
+from django.contrib.auth.models import User
+
+from scriptsteps import cgroups, container, sandbox
+from scriptsteps.models import ScriptRun
+from tests.events_helpers import clear_queues, wait_until
+from tests.script_helpers import kill_tree, sandbox_processes, script_workers
+from tests.test_script_steps import log_of
+from tests.workflow_helpers import finished, run_of, step_in
+from workflows import engine
+from workflows.models import StepRun
+from workflows.steps.base import StepContext
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def owner(db) -> User:
+    return User.objects.create_user("ops")
+
+
+@pytest.fixture
+def start_workers(django_db_blocker, bao, live_server, tmp_path):
+    started = []
+
+    def start(**env: str):
+        clear_queues(redis.Redis.from_url(settings.CELERY_BROKER_URL))
+        with django_db_blocker.unblock():
+            workers = script_workers(tmp_path, bao, live_server.url, **env)
+        started.extend(workers)
+        return workers
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+def test_a_worker_killed_mid_script_takes_its_sandbox_along_and_the_step_fails_saying_why(
+    start_workers, owner
+):
+    engine_worker, steps_worker = start_workers(STEP_LOST_AFTER="2")
+    run = run_of(
+        owner,
+        "apiVersion: v1\nsteps:\n- {name: long, image: relaysh/core, input: [echo started, sleep 60]}\n",
+    )
+    step = step_in(run, "long", "in-progress")
+    wait_until(lambda: "started" in log_of(run, "long"), 30)
+    assert sandbox_processes()
+    kill_tree(steps_worker.process.pid)
+    steps_worker.process.wait(timeout=10)
+    # --die-with-parent: the sandbox went with the worker process that ran it.
+    wait_until(lambda: not sandbox_processes(), 10)
+
+    # The step is checked again at its recheck time (the beat's sweep; here, by hand).
+    def ended() -> bool:
+        engine.sweep()
+        return StepRun.objects.get(pk=step.pk).status != "in-progress"
+
+    wait_until(ended, 30, every=0.5)
+    step.refresh_from_db()
+    assert step.status == "failure"
+    assert step.message.startswith("The worker running the script stopped (not heard of for 2 seconds)")
+    assert ScriptRun.objects.get(pk=step.pk).status == "lost"
+    assert finished(run).outcome == "failure"
+    assert engine_worker.process.poll() is None
+    # Its cgroups stayed (nobody was left to remove them): the next sandbox's setup removes
+    # such empty ones once they are older than any step can run (here: at once).
+    left = list((cgroups.ROOT / "pids" / settings.STEP_CGROUP_PARENT).glob("step-*"))
+    assert left and all(not (path / "tasks").read_text() for path in left)
+    assert cgroups.remove_stale(settings.STEP_CGROUP_PARENT, older_than=0) >= 3 * len(left)
+    assert not list((cgroups.ROOT / "pids" / settings.STEP_CGROUP_PARENT).glob("step-*"))
+
+
+def test_other_images_go_to_the_configured_container_runtime(start_workers, owner):
+    start_workers(STEP_CONTAINER_RUNTIME="docker")
+    source = """
+apiVersion: v1
+steps:
+- name: alpine
+  image: alpine:3
+  input: [echo hello from alpine]
+"""
+    run = finished(run_of(owner, source))
+    step = run.steps.get(name="alpine")
+    # Nothing runs docker's engine here: its CLI says so, and the step fails with that.
+    assert step.status == "failure"
+    assert step.message == "The script exited with status 125."
+    assert "Cannot connect to the Docker daemon" in log_of(run, "alpine")
+
+
+def test_the_container_command_line_carries_the_program_and_limits_but_no_values():
+    ctx = StepContext(
+        step_run_id="s",
+        run_id="r",
+        owner_id=1,
+        step_name="build",
+        image="alpine:3",
+        spec={},
+        env={},
+        state={},
+        started_at=datetime.now(UTC),
+    )
+    program = sandbox.Program(argv=[], env={"METADATA_API_URL": "http://rlys_x@h", "TOKEN": "s3cret"})
+    limits = sandbox.Limits(10, 5, 64 * 1024 * 1024, 32, 1000, 1000)
+    argv = container.command("podman", ctx, program, limits, "relay-step-1", "/srv/s.sh")
+    assert argv[:4] == ["podman", "run", "--rm", "--name"]
+    assert argv[-3:] == ["--entrypoint", sandbox.SCRIPT_PATH, "alpine:3"]
+    assert f"/srv/s.sh:{sandbox.SCRIPT_PATH}:ro" in argv
+    for flag, value in (
+        ("--pids-limit", "32"),
+        ("--memory", f"{64 * 1024 * 1024}b"),
+        ("--ulimit", "cpu=5:5"),
+        ("--network", "host"),
+        ("--cap-drop", "ALL"),
+    ):
+        assert argv[argv.index(flag) + 1] == value
+    assert not any("s3cret" in arg or "rlys_" in arg for arg in argv)  # values: from the environment
+    assert argv.count("-e") == 2 and "TOKEN" in argv and "METADATA_API_URL" in argv
+    with_command = container.command(
+        "docker",
+        StepContext(**{**ctx.__dict__, "command": "/bin/run", "args": ("a", "b")}),
+        sandbox.Program(argv=[], env={}, network=False),
+        limits,
+        "n",
+        None,
+    )
+    assert with_command[-5:] == ["--entrypoint", "/bin/run", "alpine:3", "a", "b"]
+    assert with_command[with_command.index("--network") + 1] == "none"
+
+
+def test_without_cgroups_a_process_flood_is_bounded_by_its_own_uids_process_limit(start_workers, owner):
+    """RLIMIT_NPROC counts every process of a real uid: each sandbox has a uid of its own, so
+    the limit is the step's, and the supervisor, counting that uid's processes every 0.25 s,
+    stops a step it finds at the limit. (A bomb whose forks fail may also give up and exit
+    between two looks; it was bounded all the same.)"""
+    _, steps_worker = start_workers(STEP_CGROUPS="false", STEP_WALL_TIME="20")
+    source = """
+apiVersion: v1
+steps:
+- name: fork-bomb
+  image: relaysh/core
+  input: ["#!/bin/bash", "for i in $(seq 500); do sleep 30 & done", "wait"]
+"""
+    run = run_of(owner, source)
+    most = 0
+    while run.steps.get().status in ("pending", "in-progress"):
+        most = max(most, len(sandbox_processes()))
+    run = finished(run)
+    step = run.steps.get()
+    assert step.status == "failure", (most, log_of(run, "fork-bomb")[-2000:])
+    assert step.message == (
+        "The step tried to run more than 48 processes at once (STEP_MAX_PROCESSES); it was stopped."
+    )
+    assert 10 < most <= 48  # it forked as far as the limit let it, and no further
+    wait_until(lambda: not sandbox_processes(), 10)
+    assert steps_worker.process.poll() is None
+    after = run_of(
+        owner, "apiVersion: v1\nsteps:\n- {name: ok, image: relaysh/core, input: [echo fine]}\n", name="after"
+    )
+    assert finished(after).outcome == "success"
+
+
+def test_with_the_network_off_a_step_reaches_nothing_and_a_worker_without_the_sdk_says_so(
+    start_workers, owner
+):
+    start_workers(STEP_NETWORK="false", STEP_PYTHON_DIR="/nonexistent/step-python")
+    source = """
+apiVersion: v1
+steps:
+- name: offline
+  image: relaysh/core
+  input:
+  - grep -c ':' /proc/net/dev
+  - curl -sS -m 5 "$METADATA_API_URL/spec"
+- name: py
+  image: relaysh/core:latest-python
+  input: ["#!/usr/bin/env python3", "import relay_sdk"]
+"""
+    run = finished(run_of(owner, source))
+    steps = {step.name: step for step in run.steps.all()}
+    assert log_of(run, "offline").startswith("1\n")  # one interface: its own loopback
+    assert "Failed to connect" in log_of(run, "offline") or "Couldn't connect" in log_of(run, "offline")
+    assert (steps["offline"].status, steps["offline"].message) == (
+        "failure",
+        "The script exited with status 7.",
+    )
+    assert steps["py"].status == "failure"
+    assert steps["py"].message == (
+        "relay_sdk for relaysh/core:latest-python is not installed on this worker "
+        "(/nonexistent/step-python; `make .step-python/.installed` builds it)."
+    )
