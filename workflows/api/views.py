@@ -30,7 +30,7 @@ from rest_framework.views import APIView
 
 from connections.models import name_validator
 from relay.api.exceptions import Conflict as ConflictError
-from relay.api.params import query_text
+from relay.api.params import query_int, query_text
 from relay.api.permissions import may_for_all
 from relay.api.problems import PROBLEM_CONTENT_TYPE, problem
 from relay.api.views import NO_STORE
@@ -317,15 +317,6 @@ class WorkflowViewSet(viewsets.GenericViewSet):
 LOG_PAGE = 256 * 1024
 
 
-def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
-    raw = request.query_params.get(name)
-    if raw is None:
-        return default
-    if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
-        raise exceptions.ValidationError({name: [f"A whole number from {low} to {high}."]})
-    return int(raw)
-
-
 class StepLogSerializer(serializers.Serializer):
     step = serializers.CharField()
     status = serializers.CharField()
@@ -421,8 +412,8 @@ class WorkflowRunViewSet(viewsets.GenericViewSet):
         step_run = StepRun.objects.filter(run=run, name=step).first()
         if step_run is None:
             raise exceptions.NotFound("The run has no step by this name.")
-        offset = _int_param(request, "offset", 0, 0, 2**31 - 1)
-        limit = _int_param(request, "limit", LOG_PAGE, 1, LOG_PAGE)
+        offset = query_int(request, "offset", 0, 0, 2**31 - 1)
+        limit = query_int(request, "limit", LOG_PAGE, 1, LOG_PAGE)
         return Response(StepLogSerializer(scripts.read_log(step_run, offset, limit)).data)
 
     def _answer(self, request: Request, step_name: str, approve: bool) -> Response:
