@@ -20,8 +20,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from relay.api.exceptions import PayloadTooLarge
-from relay.api.params import is_whole_number
-from relay.api.parsers import check_nesting
+from relay.api.parsers import check_nesting, read_bounded
 from relay.api.views import NO_STORE
 from stepruntime import services
 from stepruntime.authentication import StepCredentialAuthentication
@@ -48,15 +47,7 @@ class RawBodyParser(BaseParser):
     media_type = "*/*"
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: dict | None = None) -> bytes:
-        limit = settings.API_MAX_BODY_BYTES
-        request = (parser_context or {}).get("request")
-        length = request.META.get("CONTENT_LENGTH") if request is not None else None
-        if length and is_whole_number(length) and int(length) > limit:
-            raise PayloadTooLarge(f"The request body is over {limit} bytes.")
-        body = stream.read(limit + 1) if stream is not None else b""
-        if len(body) > limit:
-            raise PayloadTooLarge(f"The request body is over {limit} bytes.")
-        return body
+        return read_bounded(stream, parser_context, settings.API_MAX_BODY_BYTES)
 
 
 class IsRunningStep(BasePermission):

@@ -17,6 +17,19 @@ _NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
 _INNERMOST = re.compile(rb"\[\]|\{\}")
 
 
+def read_bounded(stream: Any, parser_context: dict | None, limit: int) -> bytes:
+    """The body, or a 413 when it is over `limit` bytes: by its Content-Length before
+    reading, and by counting while reading when it has none."""
+    request = (parser_context or {}).get("request")
+    length = request.META.get("CONTENT_LENGTH") if request is not None else None
+    if length and is_whole_number(length) and int(length) > limit:
+        raise PayloadTooLarge(f"The request body is over {limit} bytes.")
+    body = stream.read(limit + 1) if stream is not None else b""
+    if len(body) > limit:
+        raise PayloadTooLarge(f"The request body is over {limit} bytes.")
+    return body
+
+
 class BoundedJSONParser(BaseParser):
     """DRF's JSON parser reads the whole body, whatever its size. This one refuses a body
     over its limit (API_MAX_BODY_BYTES) with 413, by its Content-Length before reading, and
@@ -32,14 +45,7 @@ class BoundedJSONParser(BaseParser):
         return settings.API_MAX_BODY_BYTES
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: dict | None = None) -> Any:
-        limit = self.max_bytes()
-        request = (parser_context or {}).get("request")
-        length = request.META.get("CONTENT_LENGTH") if request is not None else None
-        if length and is_whole_number(length) and int(length) > limit:
-            raise PayloadTooLarge(f"The request body is over {limit} bytes.")
-        body = stream.read(limit + 1) if stream is not None else b""
-        if len(body) > limit:
-            raise PayloadTooLarge(f"The request body is over {limit} bytes.")
+        body = read_bounded(stream, parser_context, self.max_bytes())
         check_nesting(body)
         try:
             return json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
