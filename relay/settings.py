@@ -206,6 +206,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Two choice sets are called `kind` (a trigger's, a step's): each its own enum by name.
+    "ENUM_NAME_OVERRIDES": {
+        "TriggerKindEnum": "triggers.models.TriggerKind",
+        "StepKindEnum": "workflows.models.StepKind",
+    },
 }
 
 # Vault (or OpenBao): where plain tokens live. See relay/vault.py and README "Vault".

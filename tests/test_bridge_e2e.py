@@ -67,7 +67,12 @@ def world(django_db_setup, django_db_blocker, bao, sshd, puppetserver, tmp_path_
         "WEB_CONCURRENCY": "1",
     }
     web = subprocess.Popen(
-        [str(Path(sys.executable).parent / "gunicorn"), "-c", "python:relay.gunicorn_conf", "relay.wsgi"],
+        [
+            str(Path(sys.executable).parent / "gunicorn"),
+            "-c",
+            "python:relay.gunicorn_conf",
+            "relay.asgi:application",
+        ],
         env=env,
         cwd=ROOT,
         stdout=(workdir / "web.log").open("wb"),
