@@ -372,6 +372,9 @@ SLACK_API_ALLOW_LOOPBACK = False
 
 # Workflows (workflows/engine.py). Times in seconds.
 APPROVAL_TIMEOUT = env.int("APPROVAL_TIMEOUT", default=3600)  # then the approval fails the run
+# How long a process keeps a workflow secret's value it read from Vault (0: not at all).
+# Exact whatever it is: a replaced value is never served (WorkflowSecret.value_of).
+SECRET_CACHE_SECONDS = env.float("SECRET_CACHE_SECONDS", default=30.0)
 # How long a worker may hold a step while starting or checking it; past it, the sweeper
 # gives the step to another worker (its own was killed). Longer than any step's start.
 WORKFLOW_STEP_LEASE = env.int("WORKFLOW_STEP_LEASE", default=300)

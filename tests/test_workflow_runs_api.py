@@ -6,7 +6,8 @@ import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
 
-from tests.conftest import client_for
+from relay.vault import VaultUnavailable
+from tests.conftest import client_for, point_vault_at
 from tests.test_api_permissions import user_with
 from tests.test_connection_api import assert_problem
 from tests.workflow_helpers import NOOP
@@ -262,6 +263,25 @@ def test_secrets_are_write_only_and_kept_in_vault(
         assert alice_api.delete(url).status_code == 204
     assert bao.read(path) is None
     assert_problem(alice_api.delete(url), 404)
+
+
+def test_a_secret_read_once_is_kept_a_while_but_a_replaced_one_never_served(
+    alice_api, workflow, bao, settings
+):
+    url = "/api/workflows/deploy/secrets/api-key/"
+    assert alice_api.put(url, {"value": "first"}, format="json").status_code == 204
+    assert WorkflowSecret.value_of(workflow["id"], "api-key") == "first"
+    # Vault gone: the value read a moment ago is still known to this process.
+    point_vault_at(bao, "a-token-vault-refuses")
+    assert WorkflowSecret.value_of(workflow["id"], "api-key") == "first"
+    point_vault_at(bao, bao.root().token)
+    assert alice_api.put(url, {"value": "second"}, format="json").status_code == 204
+    settings.SECRET_CACHE_SECONDS = 0  # nothing kept: each read is Vault's
+    assert WorkflowSecret.value_of(workflow["id"], "api-key") == "second"  # not the kept one
+    point_vault_at(bao, "a-token-vault-refuses")
+    with pytest.raises(VaultUnavailable):
+        WorkflowSecret.value_of(workflow["id"], "api-key")
+    point_vault_at(bao, bao.root().token)
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
 import json
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -725,11 +726,34 @@ class WorkflowSecret(models.Model):
 
     @classmethod
     def value_of(cls, workflow_id: uuid.UUID, name: str) -> str | None:
-        """The value, read from Vault; None when the workflow has no such secret."""
-        if not cls.objects.filter(workflow_id=workflow_id, name=name).exists():
+        """The value, read from Vault; None when the workflow has no such secret.
+
+        A step's spec is evaluated again on each call of the step runtime API, and a Vault
+        read is most of such a call's time: values are kept in this process for
+        SECRET_CACHE_SECONDS, by the row's `updated_at`, which `put` changes in the
+        transaction that writes Vault, so a replaced value is never served from here."""
+        updated_at = (
+            cls.objects.filter(workflow_id=workflow_id, name=name)
+            .values_list("updated_at", flat=True)
+            .first()
+        )
+        if updated_at is None:
             return None
+        key = (str(workflow_id), name, updated_at)
+        kept = _secret_values.get(key)
+        if kept is not None and kept[0] > time.monotonic():
+            return kept[1]
         data = vault.read(cls.path_for(workflow_id, name))
-        return None if data is None else data.get("value")
+        value = None if data is None else data.get("value")
+        if len(_secret_values) >= SECRET_CACHE_ENTRIES:
+            _secret_values.clear()  # bounded; a refill costs one Vault read each
+        _secret_values[key] = (time.monotonic() + settings.SECRET_CACHE_SECONDS, value)
+        return value
+
+
+# WorkflowSecret.value_of's values: (workflow id, name, updated_at) -> (expiry, value).
+_secret_values: dict[tuple[str, str, datetime], tuple[float, str | None]] = {}
+SECRET_CACHE_ENTRIES = 1024
 
 
 @receiver(post_delete, sender=WorkflowSecret)
