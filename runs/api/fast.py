@@ -5,8 +5,7 @@ the ASGI application (relay.asgi) on the event loop, in one statement
 Why not in Django: its synchronous code runs in a pool of threads (relay.django_asgi), and a
 heartbeat there costs a hop to a thread, DRF and two ORM queries, about 5 ms of CPU; 1,000 a
 second would need more than this machine's two cores. This runs the very same middleware
-(settings.MIDDLEWARE) on the loop instead, which is safe for this request because none of
-them does I/O for it: it sends no cookie, and nothing reads its session or user.
+on the loop instead (relay.onloop).
 
 It takes only the requests it can answer exactly as the runs API would: the middleware lets
 them through (host allowed, no HTTPS redirect), a JSON body the API's parser and
@@ -17,7 +16,6 @@ token to mark used, a platform header to record, a database failure) goes on to 
 the API's own view, which answers it in full: the rules stay in runs.models and the API.
 """
 
-import io
 import json
 import logging
 import re
@@ -28,17 +26,14 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.handlers.asgi import ASGIHandler, ASGIRequest
-from django.http import HttpResponse, HttpResponseBase
+from django.http import HttpResponse
 from django.utils import timezone
-from django.utils.deprecation import MiddlewareMixin
-from django.utils.module_loading import import_string
 from rest_framework import exceptions
 from rest_framework.renderers import JSONRenderer
-from whitenoise.middleware import WhiteNoiseMiddleware
 
 from puppet_connection.fast import connection_for
 from puppet_connection.models import BACKEND_RE, Platform
-from relay import adb, tokens
+from relay import adb, onloop, tokens
 from relay.api.authentication import token_from_header
 from runs.api.serializers import StateSerializer
 from runs.longpoll import Scope, Send
@@ -53,29 +48,6 @@ PATH = re.compile(r"^/_puppet/runs/([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]
 _ACCEPTABLE = {"", "*/*", "application/json", "application/*"}
 _renderer = JSONRenderer()
 served = 0  # heartbeats answered here (the tests read it)
-
-
-def _middleware() -> list[MiddlewareMixin] | None:
-    """settings.MIDDLEWARE as instances to call on the loop; None (no fast path) if one of
-    them is of a kind this cannot call safely."""
-    chain = []
-    for path in settings.MIDDLEWARE:
-        cls = import_string(path)
-        if cls is WhiteNoiseMiddleware:
-            continue  # it only serves static/ paths
-        if not issubclass(cls, MiddlewareMixin):
-            log.warning("no fast heartbeats: %s is not a MiddlewareMixin", path)
-            return None
-        chain.append(cls(_never))
-    return chain
-
-
-def _never(request: Any) -> HttpResponseBase:
-    raise AssertionError("the fast path calls process_request and process_response only")
-
-
-_chain: list[MiddlewareMixin] | None = None
-_chain_built = False
 
 
 def wants(scope: Scope) -> bool:
@@ -96,31 +68,16 @@ def wants(scope: Scope) -> bool:
 
 async def serve(scope: Scope, body: bytes, send: Send, handler: ASGIHandler) -> bool:
     """Answer the heartbeat and return True, or return False having sent nothing."""
-    global _chain, _chain_built, served
-    if not _chain_built:
-        _chain, _chain_built = _middleware(), True
-    if _chain is None:
-        return False
-    request = ASGIRequest(scope, io.BytesIO(body))
-    try:
-        for middleware in _chain:
-            if hasattr(middleware, "process_request") and middleware.process_request(request) is not None:
-                return False  # a redirect or refusal: Django's to give
-    except Exception:  # a Host not allowed (DisallowedHost), say: Django answers it, a 400
-        return False
-    try:
-        response = await _heartbeat(request, body, uuid.UUID(PATH.match(scope["path"])[1]))
-    except Exception:
-        log.exception("fast heartbeat failed; the API answers it")
-        return False
-    if response is None:
-        return False
-    for middleware in reversed(_chain):
-        if hasattr(middleware, "process_response"):
-            response = middleware.process_response(request, response)
-    await handler.send_response(response, send)
-    served += 1
-    return True
+    global served
+    pk = uuid.UUID(PATH.match(scope["path"])[1])
+
+    async def view(request: ASGIRequest) -> HttpResponse | None:
+        return await _heartbeat(request, body, pk)
+
+    if await onloop.serve(scope, body, send, handler, view):
+        served += 1
+        return True
+    return False
 
 
 # StateSerializer's fields, bound once: the serializer deep-copies its declared fields for
