@@ -8,7 +8,9 @@ waiter is a bridge of its own connection (its own token) holding `GET /_puppet/r
 and asking again when answered, as `relay-bridge serve` does. It prints:
 
 - heartbeat PUTs (32 connections over 200 runs in progress) and /healthz (one client, every
-  20 ms): rate, p50 and p99, without and then with the waiters;
+  20 ms): rate, p50 and p99, without and then with the waiters, the load average, and the
+  CPU milliseconds per request of the web processes and of PostgreSQL (bench/cpu.py), which
+  the machine's other load changes far less than rate and latency;
 - the service's memory per waiter: the RSS of gunicorn's processes with all waiters
   waiting, less before any, over their number;
 - wake-up latency: a run created for one waiter's connection (POST /_puppet/runs with its
@@ -31,6 +33,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import service  # bench/service.py
+from cpu import CpuMeter, load_average, per_request
 from runs_api import Client, due, pct
 
 
@@ -54,7 +57,9 @@ def rss_kb(master: int) -> int:
     return total
 
 
-async def load(port: int, token: str, run_ids: list[str], seconds: float, concurrency: int) -> dict:
+async def load(
+    port: int, token: str, run_ids: list[str], seconds: float, concurrency: int, meter: CpuMeter
+) -> dict:
     """Heartbeats from `concurrency` connections and a /healthz prober, for `seconds`."""
     beats: list[float] = []
     health: list[float] = []
@@ -82,10 +87,11 @@ async def load(port: int, token: str, run_ids: list[str], seconds: float, concur
             failures += status != 200
             await asyncio.sleep(0.02)
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), meter.sample()
     await asyncio.gather(prober(), *(beater(i) for i in range(concurrency)))
-    elapsed = time.perf_counter() - started
-    return {"beats": beats, "health": health, "elapsed": elapsed, "failures": failures}
+    elapsed, spent = time.perf_counter() - started, meter.sample()
+    cpu_text = per_request(cpu, spent, len(beats) + len(health))
+    return {"beats": beats, "health": health, "elapsed": elapsed, "failures": failures, "cpu": cpu_text}
 
 
 def report(label: str, figures: dict) -> None:
@@ -93,9 +99,11 @@ def report(label: str, figures: dict) -> None:
     print(
         f"{label}: heartbeats {rate:.0f} PUT/s, p50 {pct(beats, 50) * 1000:.1f} ms, "
         f"p99 {pct(beats, 99) * 1000:.1f} ms; /healthz p50 {pct(health, 50) * 1000:.1f} ms, "
-        f"p99 {pct(health, 99) * 1000:.1f} ms ({len(health)} probes); failures {figures['failures']}",
+        f"p99 {pct(health, 99) * 1000:.1f} ms ({len(health)} probes); failures {figures['failures']}; "
+        f"load average {load_average()}",
         flush=True,
     )
+    print(f"    {figures['cpu']}", flush=True)
 
 
 class Waiter:
@@ -121,7 +129,9 @@ class Waiter:
 async def scale(
     args: argparse.Namespace, port: int, master: int, bench_token: str, run_ids: list[str], tokens: list[str]
 ) -> None:
-    report("without waiters", await load(port, bench_token, run_ids, args.seconds, 32))
+    meter = CpuMeter(master, args.database)
+    await load(port, bench_token, run_ids, 3, 32, meter)  # warm-up: connections, statements, caches
+    report("without waiters", await load(port, bench_token, run_ids, args.seconds, 32, meter))
     before = rss_kb(master)
 
     waiters = [Waiter(port, token) for token in tokens]
@@ -143,7 +153,7 @@ async def scale(
         flush=True,
     )
 
-    report(f"with {len(waiters)} waiters", await load(port, bench_token, run_ids, args.seconds, 32))
+    report(f"with {len(waiters)} waiters", await load(port, bench_token, run_ids, args.seconds, 32, meter))
 
     wakes = []
     for k in range(args.rounds):
@@ -167,6 +177,7 @@ async def scale(
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+    meter.close()
 
 
 def main() -> None:
@@ -175,11 +186,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--in-progress", type=int, default=200)
+    parser.add_argument("--database", default="relay_bench_scale", help="made for the run, dropped after")
     args = parser.parse_args()
     limit = raise_fd_limit(args.waiters + 500)
     print(f"RLIMIT_NOFILE {limit}", flush=True)
 
-    with service.prepared("relay_bench_scale", ACCESS_LOG="", LOG_LEVEL="WARNING") as env:
+    with service.prepared(args.database, ACCESS_LOG="", LOG_LEVEL="WARNING") as env:
         from django.contrib.auth.models import User
 
         from puppet_connection.models import PuppetConnection
