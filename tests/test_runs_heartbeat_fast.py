@@ -213,3 +213,20 @@ def test_the_shipped_bridges_heartbeat_takes_the_fast_validation():
 )
 def test_a_body_that_is_no_flat_json_object_is_left_to_the_api(raw):
     assert fast.heartbeat_of(raw) is None
+
+
+def test_a_pending_heartbeat_for_an_accepted_run_is_answered_on_the_loop(live_server):
+    owner = User.objects.create_user("ops")
+    conn, token = PuppetConnection.create_with_token(owner=owner, name="dc")
+    run = Run.create_for(conn, {"scope": {"nodes": ["a"]}})
+    lease = uuid.uuid4()
+    run.accept(lease, conn.token_prefix)
+    url, token = live_server.url, str(token)
+    body = {"status": "pending", "lease_id": str(lease)}
+    headers = {"Authorization": f"Bearer {token}"}
+    requests.put(f"{url}/_puppet/runs/{run.id}/state", json=body, headers=headers, timeout=10)
+    served = fast.served
+    response = requests.put(f"{url}/_puppet/runs/{run.id}/state", json=body, headers=headers, timeout=10)
+    assert response.status_code == 202 and fast.served == served + 1
+    run.refresh_from_db()
+    assert run.status == Status.ACCEPTED and response.json() == run.state

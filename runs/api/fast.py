@@ -135,13 +135,16 @@ async def _heartbeat(request: ASGIRequest, body: bytes, pk: uuid.UUID) -> HttpRe
     if known is None or known.token_pepper_id != tokens.current_pepper_id():
         return None
     held, changes = rule
+    if len(held) > 2:
+        return None  # the statement names two statuses at most
     platform = request.META.get("HTTP_X_RELAY_PLATFORM", "").strip().lower()
     backend = request.META.get("HTTP_X_RELAY_BACKEND", "").strip().lower()
     now = timezone.now()
     params = {
         "run": pk,
         "connection": known.id,
-        "held": held,
+        "held_0": held[0],
+        "held_1": held[-1],  # the same status again when there is one
         "lease": data.get("lease_id"),
         "digest": known.token_digest,
         "pepper": known.token_pepper_id,
