@@ -1,14 +1,15 @@
 """Fleet scale: 10,000 idle long-polling bridges on one box while 32 clients send heartbeats.
 
-    .venv/bin/python bench/longpoll_scale.py [--waiters 10000] [--seconds 10] [--rounds 20]
+    .venv/bin/python bench/longpoll_scale.py [--waiters 10000] [--seconds 10] [--rounds 20] [--rate 1000]
 
 Against gunicorn as production runs it (relay/gunicorn_conf.py: uvicorn workers, relay.asgi)
 and PostgreSQL, with this load generator (one asyncio process) on the same 2 cores. Each
 waiter is a bridge of its own connection (its own token) holding `GET /_puppet/runs?wait=60`
 and asking again when answered, as `relay-bridge serve` does. It prints:
 
-- heartbeat PUTs (32 connections over 200 runs in progress) and /healthz (one client, every
-  20 ms): rate, p50 and p99, without and then with the waiters, the load average, and the
+- heartbeat PUTs (32 connections over 200 runs in progress, each sending as soon as it is
+  answered; then together at --rate a second, 1,000 by default) and /healthz (one client,
+  every 20 ms): rate, p50 and p99, without and then with the waiters, the load average, and the
   CPU milliseconds per request of the web processes and of PostgreSQL (bench/cpu.py), which
   the machine's other load changes far less than rate and latency;
 - the service's memory per waiter: the RSS of gunicorn's processes with all waiters
@@ -58,13 +59,23 @@ def rss_kb(master: int) -> int:
 
 
 async def load(
-    port: int, token: str, run_ids: list[str], seconds: float, concurrency: int, meter: CpuMeter
+    port: int,
+    token: str,
+    run_ids: list[str],
+    seconds: float,
+    concurrency: int,
+    meter: CpuMeter,
+    rate: float = 0,
 ) -> dict:
-    """Heartbeats from `concurrency` connections and a /healthz prober, for `seconds`."""
+    """Heartbeats from `concurrency` connections and a /healthz prober, for `seconds`: each
+    connection as fast as it is answered (rate 0), or all together `rate` a second, evenly
+    spaced. Paced, a heartbeat's time counts from when it was due, so one that waits for
+    its connection's previous answer counts that wait too."""
     beats: list[float] = []
     health: list[float] = []
     failures = 0
-    stop = time.perf_counter() + seconds
+    start = time.perf_counter()
+    stop = start + seconds
     body = {"status": "in-progress", "next_update_before": due(), "job_id": "81"}
 
     async def beater(offset: int) -> None:
@@ -72,6 +83,10 @@ async def load(
         client, i = Client(port, token), offset
         while time.perf_counter() < stop:
             t0 = time.perf_counter()
+            if rate:
+                t0 = start + i / rate
+                if t0 > time.perf_counter():
+                    await asyncio.sleep(t0 - time.perf_counter())
             status, _ = await client.request("PUT", f"/_puppet/runs/{run_ids[i % len(run_ids)]}/state", body)
             beats.append(time.perf_counter() - t0)
             failures += status != 202
@@ -132,6 +147,9 @@ async def scale(
     meter = CpuMeter(master, args.database)
     await load(port, bench_token, run_ids, 3, 32, meter)  # warm-up: connections, statements, caches
     report("without waiters", await load(port, bench_token, run_ids, args.seconds, 32, meter))
+    if args.rate:
+        paced = await load(port, bench_token, run_ids, args.seconds, 32, meter, args.rate)
+        report(f"without waiters, {args.rate:.0f} a second", paced)
     before = rss_kb(master)
 
     waiters = [Waiter(port, token) for token in tokens]
@@ -154,6 +172,9 @@ async def scale(
     )
 
     report(f"with {len(waiters)} waiters", await load(port, bench_token, run_ids, args.seconds, 32, meter))
+    if args.rate:
+        paced = await load(port, bench_token, run_ids, args.seconds, 32, meter, args.rate)
+        report(f"with {len(waiters)} waiters, {args.rate:.0f} a second", paced)
 
     wakes = []
     for k in range(args.rounds):
@@ -187,6 +208,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--in-progress", type=int, default=200)
     parser.add_argument("--database", default="relay_bench_scale", help="made for the run, dropped after")
+    parser.add_argument(
+        "--rate", type=float, default=1000, help="also heartbeats paced at this rate (0: not)"
+    )
     args = parser.parse_args()
     limit = raise_fd_limit(args.waiters + 500)
     print(f"RLIMIT_NOFILE {limit}", flush=True)
