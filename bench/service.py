@@ -83,6 +83,7 @@ def gunicorn(env: dict[str, str]) -> Iterator[tuple[int, int]]:
         ],
         env=env,
         cwd=ROOT,
+        stdout=subprocess.DEVNULL if env.get("ACCESS_LOG") == "-" else None,  # the access log's lines
     )
     port = int(env["PORT"])
     try:
