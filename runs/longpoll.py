@@ -107,7 +107,9 @@ class Deadlines:
         self.timer = self.loop.call_at(self.heap[0][0], self._expire) if self.heap else None
 
     def _expire(self) -> None:
-        now = self.loop.time()
+        # A loop may fire a timer up to its clock's resolution early (uvloop: a millisecond):
+        # what is due within it is due now, or the timer would be armed again and again.
+        now = self.loop.time() + 0.001
         while self.heap and self.heap[0][0] <= now:
             future = heapq.heappop(self.heap)[2]
             if not future.done():
