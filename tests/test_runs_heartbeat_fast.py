@@ -1,6 +1,7 @@
 """Heartbeats answered on the event loop (runs/api/fast.py) against the live server, which
 serves them as production does: the same answers as the API's view, the same refusals."""
 
+import asyncio
 import json
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
@@ -230,3 +231,34 @@ def test_a_pending_heartbeat_for_an_accepted_run_is_answered_on_the_loop(live_se
     assert response.status_code == 202 and fast.served == served + 1
     run.refresh_from_db()
     assert run.status == Status.ACCEPTED and response.json() == run.state
+
+
+def test_only_the_async_pool_commits_asynchronously(live_server):
+    from django.db import connection
+
+    from relay import adb
+
+    async def setting() -> str:
+        async with adb.pool().connection() as conn:
+            return (await (await conn.execute("SHOW synchronous_commit")).fetchone())[0]
+
+    assert asyncio.run_coroutine_threadsafe(setting(), adb._loop).result(timeout=10) == "off"
+    with connection.cursor() as cursor:  # Django's: every transition, lease and outcome
+        cursor.execute("SHOW synchronous_commit")
+        assert cursor.fetchone()[0] == "on"
+
+
+@pytest.mark.django_db
+def test_no_index_holds_a_column_a_heartbeat_writes_and_pages_keep_room():
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT indexdef FROM pg_indexes WHERE tablename = %s", [Run._meta.db_table])
+        definitions = [row[0] for row in cursor.fetchall()]
+        cursor.execute("SELECT reloptions FROM pg_class WHERE relname = %s", [Run._meta.db_table])
+        options = cursor.fetchone()[0]
+    assert definitions, "the table has its indexes"
+    for definition in definitions:  # else heartbeats are no HOT updates
+        for column in ("updated_at", "next_update_before", "job_id"):
+            assert column not in definition, definition
+    assert "fillfactor=80" in options
