@@ -1,14 +1,17 @@
 """Fleet scale: 10,000 idle long-polling bridges on one box while 32 clients send heartbeats.
 
-    .venv/bin/python bench/longpoll_scale.py [--waiters 10000] [--seconds 10] [--rounds 20]
+    .venv/bin/python bench/longpoll_scale.py [--waiters 10000] [--seconds 10] [--rounds 20] [--rate 1000]
 
 Against gunicorn as production runs it (relay/gunicorn_conf.py: uvicorn workers, relay.asgi)
 and PostgreSQL, with this load generator (one asyncio process) on the same 2 cores. Each
 waiter is a bridge of its own connection (its own token) holding `GET /_puppet/runs?wait=60`
 and asking again when answered, as `relay-bridge serve` does. It prints:
 
-- heartbeat PUTs (32 connections over 200 runs in progress) and /healthz (one client, every
-  20 ms): rate, p50 and p99, without and then with the waiters;
+- heartbeat PUTs (32 connections over 200 runs in progress, each sending as soon as it is
+  answered; then together at --rate a second, 1,000 by default) and /healthz (one client,
+  every 20 ms): rate, p50 and p99, without and then with the waiters, the load average, and the
+  CPU milliseconds per request of the web processes and of PostgreSQL (bench/cpu.py), which
+  the machine's other load changes far less than rate and latency;
 - the service's memory per waiter: the RSS of gunicorn's processes with all waiters
   waiting, less before any, over their number;
 - wake-up latency: a run created for one waiter's connection (POST /_puppet/runs with its
@@ -31,6 +34,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import service  # bench/service.py
+from cpu import CpuMeter, load_average, per_request
 from runs_api import Client, due, pct
 
 
@@ -54,12 +58,24 @@ def rss_kb(master: int) -> int:
     return total
 
 
-async def load(port: int, token: str, run_ids: list[str], seconds: float, concurrency: int) -> dict:
-    """Heartbeats from `concurrency` connections and a /healthz prober, for `seconds`."""
+async def load(
+    port: int,
+    token: str,
+    run_ids: list[str],
+    seconds: float,
+    concurrency: int,
+    meter: CpuMeter,
+    rate: float = 0,
+) -> dict:
+    """Heartbeats from `concurrency` connections and a /healthz prober, for `seconds`: each
+    connection as fast as it is answered (rate 0), or all together `rate` a second, evenly
+    spaced. Paced, a heartbeat's time counts from when it was due, so one that waits for
+    its connection's previous answer counts that wait too."""
     beats: list[float] = []
     health: list[float] = []
     failures = 0
-    stop = time.perf_counter() + seconds
+    start = time.perf_counter()
+    stop = start + seconds
     body = {"status": "in-progress", "next_update_before": due(), "job_id": "81"}
 
     async def beater(offset: int) -> None:
@@ -67,6 +83,10 @@ async def load(port: int, token: str, run_ids: list[str], seconds: float, concur
         client, i = Client(port, token), offset
         while time.perf_counter() < stop:
             t0 = time.perf_counter()
+            if rate:
+                t0 = start + i / rate
+                if t0 > time.perf_counter():
+                    await asyncio.sleep(t0 - time.perf_counter())
             status, _ = await client.request("PUT", f"/_puppet/runs/{run_ids[i % len(run_ids)]}/state", body)
             beats.append(time.perf_counter() - t0)
             failures += status != 202
@@ -82,10 +102,11 @@ async def load(port: int, token: str, run_ids: list[str], seconds: float, concur
             failures += status != 200
             await asyncio.sleep(0.02)
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), meter.sample()
     await asyncio.gather(prober(), *(beater(i) for i in range(concurrency)))
-    elapsed = time.perf_counter() - started
-    return {"beats": beats, "health": health, "elapsed": elapsed, "failures": failures}
+    elapsed, spent = time.perf_counter() - started, meter.sample()
+    cpu_text = per_request(cpu, spent, len(beats) + len(health))
+    return {"beats": beats, "health": health, "elapsed": elapsed, "failures": failures, "cpu": cpu_text}
 
 
 def report(label: str, figures: dict) -> None:
@@ -93,9 +114,11 @@ def report(label: str, figures: dict) -> None:
     print(
         f"{label}: heartbeats {rate:.0f} PUT/s, p50 {pct(beats, 50) * 1000:.1f} ms, "
         f"p99 {pct(beats, 99) * 1000:.1f} ms; /healthz p50 {pct(health, 50) * 1000:.1f} ms, "
-        f"p99 {pct(health, 99) * 1000:.1f} ms ({len(health)} probes); failures {figures['failures']}",
+        f"p99 {pct(health, 99) * 1000:.1f} ms ({len(health)} probes); failures {figures['failures']}; "
+        f"load average {load_average()}",
         flush=True,
     )
+    print(f"    {figures['cpu']}", flush=True)
 
 
 class Waiter:
@@ -121,7 +144,12 @@ class Waiter:
 async def scale(
     args: argparse.Namespace, port: int, master: int, bench_token: str, run_ids: list[str], tokens: list[str]
 ) -> None:
-    report("without waiters", await load(port, bench_token, run_ids, args.seconds, 32))
+    meter = CpuMeter(master, args.database)
+    await load(port, bench_token, run_ids, 3, 32, meter)  # warm-up: connections, statements, caches
+    report("without waiters", await load(port, bench_token, run_ids, args.seconds, 32, meter))
+    if args.rate:
+        paced = await load(port, bench_token, run_ids, args.seconds, 32, meter, args.rate)
+        report(f"without waiters, {args.rate:.0f} a second", paced)
     before = rss_kb(master)
 
     waiters = [Waiter(port, token) for token in tokens]
@@ -143,7 +171,10 @@ async def scale(
         flush=True,
     )
 
-    report(f"with {len(waiters)} waiters", await load(port, bench_token, run_ids, args.seconds, 32))
+    report(f"with {len(waiters)} waiters", await load(port, bench_token, run_ids, args.seconds, 32, meter))
+    if args.rate:
+        paced = await load(port, bench_token, run_ids, args.seconds, 32, meter, args.rate)
+        report(f"with {len(waiters)} waiters, {args.rate:.0f} a second", paced)
 
     wakes = []
     for k in range(args.rounds):
@@ -167,6 +198,7 @@ async def scale(
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+    meter.close()
 
 
 def main() -> None:
@@ -175,11 +207,15 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--in-progress", type=int, default=200)
+    parser.add_argument("--database", default="relay_bench_scale", help="made for the run, dropped after")
+    parser.add_argument(
+        "--rate", type=float, default=1000, help="also heartbeats paced at this rate (0: not)"
+    )
     args = parser.parse_args()
     limit = raise_fd_limit(args.waiters + 500)
     print(f"RLIMIT_NOFILE {limit}", flush=True)
 
-    with service.prepared("relay_bench_scale", ACCESS_LOG="", LOG_LEVEL="WARNING") as env:
+    with service.prepared(args.database, ACCESS_LOG="", LOG_LEVEL="WARNING") as env:
         from django.contrib.auth.models import User
 
         from puppet_connection.models import PuppetConnection

@@ -20,6 +20,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import service  # bench/service.py
+from cpu import CpuMeter, load_average, per_request
 
 
 class Client:
@@ -96,11 +97,11 @@ async def bench_accept(port: int, token: str, run_ids: list[str], accepters: int
 
 
 async def bench_heartbeats(
-    port: int, token: str, run_ids: list[str], seconds: float, concurrency: int
+    port: int, token: str, run_ids: list[str], seconds: float, concurrency: int, meter: CpuMeter
 ) -> None:
     latencies: list[float] = []
     failures = 0
-    stop = time.perf_counter() + seconds
+    stop = 0.0
     body = {"status": "in-progress", "next_update_before": due(), "job_id": "81"}
 
     async def beater(offset: int) -> None:
@@ -115,14 +116,20 @@ async def bench_heartbeats(
             latencies.append(time.perf_counter() - t0)
             failures += status != 202
 
-    started = time.perf_counter()
+    stop = time.perf_counter() + 3
+    await asyncio.gather(*(beater(i) for i in range(concurrency)))  # warm-up: connections, statements
+    latencies.clear()
+    failures = 0
+    stop = time.perf_counter() + seconds
+    started, cpu = time.perf_counter(), meter.sample()
     await asyncio.gather(*(beater(i) for i in range(concurrency)))
-    elapsed = time.perf_counter() - started
+    elapsed, spent = time.perf_counter() - started, meter.sample()
     print(f"(b) heartbeats over {len(run_ids)} in-progress runs, {concurrency} connections, {elapsed:.1f} s:")
     print(
         f"    {len(latencies) / elapsed:.0f} PUT/s; p50 {pct(latencies, 50) * 1000:.1f} ms, "
-        f"p99 {pct(latencies, 99) * 1000:.1f} ms; non-202 {failures}"
+        f"p99 {pct(latencies, 99) * 1000:.1f} ms; non-202 {failures}; load average {load_average()}"
     )
+    print(f"    {per_request(cpu, spent, len(latencies))}")
 
 
 async def bench_longpoll(port: int, token: str, rounds: int) -> None:
@@ -157,9 +164,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--heartbeat-connections", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=50)
+    parser.add_argument("--parts", default="abc", help="which of (a), (b), (c) to run")
+    parser.add_argument("--database", default="relay_bench", help="made for the run, dropped after")
+    parser.add_argument("--access-log", action="store_true", help="as production's default: a line a request")
     args = parser.parse_args()
 
-    with service.prepared("relay_bench") as env:
+    # Production's default writes an access log line per request (ACCESS_LOG, "-"); the
+    # benchmarks leave it off unless asked (--access-log: its lines go to /dev/null).
+    with service.prepared(args.database, ACCESS_LOG="-" if args.access_log else "") as env:
         from django.contrib.auth.models import User
 
         from puppet_connection.models import PuppetConnection
@@ -179,24 +191,24 @@ def main() -> None:
             )
             for _ in range(args.in_progress)
         )
-        with service.gunicorn(env) as (port, _):
+        with service.gunicorn(env) as (port, master):
             workers, threads = env.get("WEB_CONCURRENCY", "2"), env.get("WEB_THREADS", "16")
             print(
                 f"gunicorn: {workers} workers x {threads} threads; PostgreSQL 127.0.0.1; "
                 f"{os.cpu_count()} cores shared with the load generator"
             )
-            asyncio.run(bench_accept(port, str(token), [str(r.id) for r in pending], args.accepters))
-            asyncio.run(
-                bench_heartbeats(
-                    port,
-                    str(token),
-                    [str(r.id) for r in in_progress],
-                    args.seconds,
-                    args.heartbeat_connections,
+            if "a" in args.parts:
+                asyncio.run(bench_accept(port, str(token), [str(r.id) for r in pending], args.accepters))
+            if "b" in args.parts:
+                meter = CpuMeter(master, args.database)
+                ids = [str(r.id) for r in in_progress]
+                asyncio.run(
+                    bench_heartbeats(port, str(token), ids, args.seconds, args.heartbeat_connections, meter)
                 )
-            )
+                meter.close()
             Run.objects.filter(status=Status.PENDING).delete()
-            asyncio.run(bench_longpoll(port, str(token), args.rounds))
+            if "c" in args.parts:
+                asyncio.run(bench_longpoll(port, str(token), args.rounds))
 
 
 if __name__ == "__main__":

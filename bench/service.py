@@ -17,6 +17,9 @@ sys.path.insert(0, str(ROOT))
 from tests.bao import BaoDevServer, free_port  # noqa: E402
 
 ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+# BENCH_PG_SOCKET=1: the service reaches PostgreSQL through its Unix socket, as a service on
+# the database's own box can (see README, Performance); else by TCP on 127.0.0.1.
+SOCKET = bool(os.environ.get("BENCH_PG_SOCKET"))
 
 
 def _recreate(database: str, drop_only: bool = False) -> None:
@@ -34,7 +37,9 @@ def prepared(database: str, **extra_env: str) -> Iterator[dict[str, str]]:
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "relay.settings",
-        "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{database}",
+        "DATABASE_URL": f"postgres://postgres@/{database}?host=/var/run/postgresql"
+        if SOCKET
+        else f"postgres://postgres@127.0.0.1:5432/{database}",
         "SECRET_KEY": "bench-only-secret-key-0123456789abcdefghijklmnopqrstuvwxyz",
         "TOKEN_PEPPERS": "1=bench-only-pepper-0123456789abcdefghijklmnop",
         "SECURE_SSL_REDIRECT": "false",
@@ -78,6 +83,7 @@ def gunicorn(env: dict[str, str]) -> Iterator[tuple[int, int]]:
         ],
         env=env,
         cwd=ROOT,
+        stdout=subprocess.DEVNULL if env.get("ACCESS_LOG") == "-" else None,  # the access log's lines
     )
     port = int(env["PORT"])
     try:

@@ -6,7 +6,9 @@ the ordinary path (relay.api.authentication), which answers 401. The digest is c
 with hmac.compare_digest, as DigestToken.for_token does.
 
 The heartbeat asks with cached=True: the connection's row is kept in this process, keyed by
-the token's lookup part, so a heartbeat costs one statement. That is safe because the
+the token's lookup part, so a heartbeat costs one statement. The long-poll asks with
+cached=False, and its answer is not kept: the cache holds the bridges that send heartbeats,
+those with runs in flight, not every bridge waiting. That is safe because the
 heartbeat's UPDATE repeats every condition against the row as it is then (same digest, same
 pepper, owner active; runs.models.heartbeat_sql): a token regenerated or an owner
 deactivated a moment ago finds no row there, and the ordinary path answers.
@@ -74,6 +76,8 @@ async def connection_for(token: str, cached: bool) -> KnownConnection | None:
     known = KnownConnection(*row)
     if not _matches(known, token):
         return None
+    if not cached:
+        return known  # the long-poll's: its bridges need not all be kept (10,000 of them)
     if len(_cache) >= CACHE_MAX:
         _cache.clear()  # crude, and rare: a process that has seen 100,000 bridges
     _cache[lookup] = known

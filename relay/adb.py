@@ -9,6 +9,20 @@ the same thing through the ORM.
 
 Statements are sent with prepare_threshold=0: each connection prepares a statement the
 first time it sees it, so the hot statements are parsed and planned once per connection.
+
+The pool's connections commit asynchronously (synchronous_commit = off): PostgreSQL answers
+a commit before its WAL is flushed to disk, and the WAL writer flushes it within
+3 x wal_writer_delay (0.6 s by default). Half of PostgreSQL's cost per heartbeat was that
+flush. It is safe here because the only statement this pool writes with is the plain
+heartbeat (runs.models.heartbeat_sql): it changes no status, only moves the run's deadline,
+updated_at and job_id forward. Losing one takes a crash of the database server or its host
+(a clean shutdown flushes everything) within that 0.6 s, and leaves the run as the previous
+heartbeat left it, consistent and still open: the bridge promises its next update within
+three intervals and sends one every interval (relay_bridge.worker), so the next heartbeat
+sets it again long before the previous deadline passes, exactly as when a heartbeat is lost
+on the network. Every change of status, lease and outcome goes through Django's connections,
+which commit synchronously; and a synchronous commit flushes the WAL up to itself, so no
+earlier asynchronous heartbeat can be lost while a later transition is kept.
 """
 
 import asyncio
@@ -16,6 +30,7 @@ import logging
 
 from django.conf import settings
 from django.db import connection as db_connection
+from psycopg import AsyncConnection
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -43,9 +58,15 @@ async def open_pool() -> None:
         max_size=settings.WEB_ASYNC_DB_CONNECTIONS,
         open=False,
         name="relay-async",
+        configure=_configure,
     )
     await pool.open()
     _pool, _loop = pool, asyncio.get_running_loop()
+
+
+async def _configure(conn: AsyncConnection) -> None:
+    # See the module's docstring: only heartbeats write through this pool.
+    await conn.execute("SET synchronous_commit = off")
 
 
 async def close_pool() -> None:

@@ -6,13 +6,17 @@
 - the long-poll's wait (runs.longpoll) in front of Django, so that a waiting bridge holds
   no thread (Django gives every request a thread of its own for its synchronous parts, from
   its first signal to its end);
-- heartbeats answered on the loop when they can be (runs/api/fast.py), else by Django.
+- heartbeats answered on the loop when they can be (runs/api/fast.py), else by Django;
+- `GET /healthz` answered on the loop (relay.onloop, with Django's middleware and the same
+  view): a load balancer's probe must not queue for a thread behind slow requests, nor pay
+  for a hop to one.
 """
 
 import logging
 import os
 
 import django
+from django.http import HttpRequest, HttpResponseBase
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "relay.settings")
 django.setup(set_prefix=False)
@@ -20,7 +24,8 @@ django.setup(set_prefix=False)
 from relay.django_asgi import ThreadedASGIHandler  # noqa: E402  (after Django is set up)
 
 django_application = ThreadedASGIHandler()
-from relay import adb  # noqa: E402
+from relay import adb, onloop  # noqa: E402
+from relay.urls import healthz  # noqa: E402
 from runs.api import fast  # noqa: E402
 from runs.longpoll import Message, Receive, Scope, Send, waiting_then  # noqa: E402
 from runs.notify import listener  # noqa: E402
@@ -57,7 +62,20 @@ async def application(scope: Scope, receive: Receive, send: Send) -> None:
         if await fast.serve(scope, b"".join(m.get("body", b"") for m in messages), send, django_application):
             return
         receive = _replaying(messages, receive)
+    elif scope["type"] == "http" and scope["path"] == "/healthz" and scope["method"] in ("GET", "HEAD"):
+        messages = await _whole_body(receive)
+        if messages is None:
+            return  # the client went away
+        if await onloop.serve(
+            scope, b"".join(m.get("body", b"") for m in messages), send, django_application, _healthz
+        ):
+            return
+        receive = _replaying(messages, receive)
     await waiting_then(django_application, scope, receive, send)
+
+
+async def _healthz(request: HttpRequest) -> HttpResponseBase:
+    return healthz(request)
 
 
 async def _whole_body(receive: Receive) -> list[Message] | None:

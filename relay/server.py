@@ -14,6 +14,12 @@ Beyond uvicorn's defaults:
   attacker could collect sockets until the file-descriptor limit.
 - The file-descriptor limit is raised to its hard limit at start: every idle bridge is one
   socket, and the usual soft limit of 1,024 would cap a box at about a thousand bridges.
+- Memory per idle connection (10,000 idle long-polls are the design point): the two
+  asyncio.Events uvicorn keeps per connection and request keep their waiters in a list
+  (LeanEvent), its queue of pipelined requests is a list (Pipeline), and the application can
+  be told when the client goes away without a task of its own waiting for it
+  (scope["relay.on_disconnect"], a list of callbacks; runs.longpoll uses it). Together with
+  runs.longpoll's own economies this took an idle long-poll from 15.5 to under 9 KB.
 
 The tests run the same protocol and configuration in a thread (`serve_in_thread`).
 """
@@ -24,7 +30,7 @@ import os
 import resource
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -46,18 +52,58 @@ def raise_fd_limit() -> int:
     return soft
 
 
-class DeadlineProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, with a deadline for reading each request (see above)."""
+class LeanEvent(asyncio.Event):
+    """asyncio.Event with its waiters in a list: the standard library's deque takes about
+    600 bytes even when empty, and uvicorn keeps two events per connection (its flow control,
+    the request's message event), every idle long-poll's included. asyncio.Event only
+    appends to, removes from and iterates over _waiters, which a list does alike."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._waiters: list[asyncio.Future] = []  # type: ignore[assignment]
+
+
+class Pipeline(list):
+    """uvicorn's queue of pipelined requests (it calls appendleft, pop and bool only) as a
+    list: an empty deque takes about 700 bytes, an empty list 56, on every connection. A
+    client pipelines a few requests at most, so inserting at the front costs nothing."""
+
+    def appendleft(self, item: object) -> None:
+        self.insert(0, item)
+
+
+class DeadlineProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, with a deadline for reading each request, lean events
+    and disconnect callbacks (see above)."""
+
+    # No attribute beyond this one: past 30 attributes an instance's __dict__ is no longer
+    # shared-key and costs 1.6 KB instead of 300 bytes (per idle connection).
     _read_deadline: asyncio.TimerHandle | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pipeline = Pipeline()  # type: ignore[assignment]
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        writable = LeanEvent()
+        writable.set()
+        self.flow._is_writable_event = writable
         self._arm_read_deadline()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_read_deadline()
         super().connection_lost(exc)
+        callbacks: list[Callable[[], object]] = (self.scope or {}).pop("relay.on_disconnect", [])
+        for callback in callbacks:
+            callback()
+
+    def on_headers_complete(self) -> None:
+        before = self.cycle
+        super().on_headers_complete()
+        if self.cycle is not before:  # a new request (not an upgrade), its task not started yet
+            self.cycle.message_event = LeanEvent()
+            self.scope["relay.on_disconnect"] = []  # type: ignore[typeddict-unknown-key]
 
     def send_400_response(self, msg: str) -> None:
         # A request the HTTP parser refuses (a control character in a header, say) never

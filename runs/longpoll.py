@@ -14,8 +14,9 @@ answers the error.
 """
 
 import asyncio
+import heapq
+import itertools
 import logging
-import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -84,6 +85,50 @@ async def _pending_exists(connection_id: uuid.UUID) -> bool:
 _PENDING_SQL = f"SELECT 1 FROM {Run._meta.db_table} WHERE connection_id = %s AND status = %s LIMIT 1"  # noqa: S608
 
 
+class Deadlines:
+    """The ends of the waits on one loop, with one timer for them all: a timer per waiter
+    (loop.call_later) costs about 550 bytes, an entry here about 100."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.heap: list[tuple[float, int, asyncio.Future]] = []
+        self.order = itertools.count()  # ties never compare the futures
+        self.timer: asyncio.TimerHandle | None = None
+
+    def add(self, when: float, future: asyncio.Future) -> None:
+        """Resolve `future` (if nothing else has) at loop time `when`."""
+        heapq.heappush(self.heap, (when, next(self.order), future))
+        if self.heap[0][2] is future:
+            self._arm()
+
+    def _arm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = self.loop.call_at(self.heap[0][0], self._expire) if self.heap else None
+
+    def _expire(self) -> None:
+        # A loop may fire a timer up to its clock's resolution early (uvloop: a millisecond):
+        # what is due within it is due now, or the timer would be armed again and again.
+        now = self.loop.time() + 0.001
+        while self.heap and self.heap[0][0] <= now:
+            future = heapq.heappop(self.heap)[2]
+            if not future.done():
+                future.set_result(False)
+        self._arm()
+
+
+_deadlines: Deadlines | None = None
+
+
+def deadlines() -> Deadlines:
+    """The running loop's Deadlines (one server loop per process; the tests start others)."""
+    global _deadlines
+    loop = asyncio.get_running_loop()
+    if _deadlines is None or _deadlines.loop is not loop:
+        _deadlines = Deadlines(loop)
+    return _deadlines
+
+
 async def hold(scope: Scope, seconds: float) -> None:
     """Wait until the request's connection has a pending run or `seconds` pass, and mark the
     request waited; return at once, unmarked, when this cannot tell whose request it is."""
@@ -96,23 +141,27 @@ async def hold(scope: Scope, seconds: float) -> None:
         return
     scope["relay.waited"] = True
     key = holder.id
+    del token, holder  # what a waiter keeps is what 10,000 of them cost
     if waiters[key] >= settings.RUN_LONG_POLL_MAX_WAITERS:
         return  # the cap: answered at once with what there is
     waiters[key] += 1
+    name = str(key)
+    loop = asyncio.get_running_loop()
     try:
-        deadline = time.monotonic() + seconds
+        await listener.astart()
+        deadline = loop.time() + seconds
         while True:
-            async with listener.asubscribe(str(key)) as woken:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or await _pending_exists(key):
+            # A future, resolved by the listener (a run for this connection), by the
+            # deadline, or cancelled with the request: no Event, no timer, no task of its own.
+            woken = loop.create_future()
+            listener.add(name, woken)
+            try:
+                if loop.time() >= deadline or await _pending_exists(key):
                     return
-                # A timer that sets the event, not asyncio.wait_for: that would add a task
-                # per waiter (memory is what 10,000 waiters cost).
-                timer = asyncio.get_running_loop().call_later(remaining, woken.set)
-                try:
-                    await woken.wait()
-                finally:
-                    timer.cancel()
+                deadlines().add(deadline, woken)
+                await woken
+            finally:
+                listener.remove(name, woken)
     finally:
         waiters[key] -= 1
         if not waiters[key]:
@@ -129,33 +178,63 @@ async def waiting_then(app: App, scope: Scope, receive: Receive, send: Send) -> 
     first = await receive()  # the (empty) body: the request is whole before it waits
     if first["type"] != "http.request":
         return
-    # The next message is the disconnect: it cancels this request's task, waiting or not.
-    gone = asyncio.ensure_future(receive())
     this = asyncio.current_task()
     assert this is not None
-
-    def on_gone(_: object) -> None:
-        this.cancel()
-
-    gone.add_done_callback(on_gone)
+    # The client going away cancels this request's task, waiting or not. The server says
+    # so itself (relay.server: it calls and drops the scope's callbacks; no task); under
+    # another server a task waits for it.
+    callbacks = scope.get("relay.on_disconnect")
+    watch: asyncio.Future | None = None
+    if callbacks is not None:
+        callbacks.append(this.cancel)
+    else:
+        watch = asyncio.ensure_future(receive())
+        on_watch = _cancelling(this)
+        watch.add_done_callback(on_watch)
     try:
         await hold(scope, seconds)
     except asyncio.CancelledError:
-        if gone.done():
-            this.uncancel()  # our own cancel (on_gone): the client went away
+        if _gone(scope, watch):
+            this.uncancel()  # our own cancel: the client went away
             return
-        gone.cancel()
+        if watch is not None:
+            watch.cancel()
         raise
     except Exception as exc:
         # The database failed us: Django answers at once, meeting the failure itself (a 503).
         log.warning("long-poll wait failed: %r", exc)
         scope["relay.waited"] = True
-    if gone.done():
+    if _gone(scope, watch):
         return
-    gone.remove_done_callback(on_gone)
+    if callbacks is not None:
+        callbacks.remove(this.cancel)
+        receive_next = receive
+    else:
+        assert watch is not None
+        watch.remove_done_callback(on_watch)
+        receive_next = _awaiting(watch)
     replay: list[Message] = [first]
 
     async def replayed() -> Message:
-        return replay.pop() if replay else await gone
+        return replay.pop() if replay else await receive_next()
 
     await app(scope, replayed, send)
+
+
+def _gone(scope: Scope, watch: asyncio.Future | None) -> bool:
+    """Whether the client has gone away (relay.server drops the callbacks when it has)."""
+    return watch.done() if watch is not None else "relay.on_disconnect" not in scope
+
+
+def _cancelling(task: asyncio.Task) -> Callable[[object], None]:
+    def cancel(_: object) -> None:
+        task.cancel()
+
+    return cancel
+
+
+def _awaiting(watch: asyncio.Future) -> Receive:
+    async def received() -> Message:
+        return await watch
+
+    return received

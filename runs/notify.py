@@ -5,10 +5,10 @@ RUNS_NOTIFY_CHANNEL; runs.models.notify_new_run() NOTIFYs with the connection id
 creating transaction, so the wake-up arrives only once the run is visible. Waiting requests
 register an event per connection id and sleep on it: no database polling while they wait.
 
-Under the ASGI server the waiters are coroutines (runs.longpoll: an asyncio.Event each, set
-from this thread through its loop); a synchronous request (the test client, a WSGI server)
-waits on a threading.Event. The one thread serves every loop of the process alike, which a
-listener living on one loop could not.
+Under the ASGI server the waiters are coroutines (runs.longpoll: an asyncio.Future each,
+resolved from this thread through its loop); a synchronous request (the test client, a WSGI
+server) waits on a threading.Event. The one thread serves every loop of the process alike,
+which a listener living on one loop could not.
 
 Without PostgreSQL (the SQLite default of `make run`) there is no LISTEN: waiters then look
 again every SQLITE_RECHECK seconds, which is fine for one machine.
@@ -18,10 +18,8 @@ import asyncio
 import logging
 import threading
 import time
-from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
-from typing import Protocol
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import psycopg
 from django.conf import settings
@@ -31,30 +29,31 @@ log = logging.getLogger(__name__)
 SQLITE_RECHECK = 0.5
 
 
-class Waiter(Protocol):
-    def set(self) -> None: ...
+# A synchronous request's threading.Event, or a coroutine's asyncio.Future (the smallest
+# thing a coroutine can wait on: 10,000 idle long-polls wait at once).
+Waiter = threading.Event | asyncio.Future
 
 
-class LoopEvent:
-    """An asyncio.Event that the listener's thread may set."""
+def _wake(waiter: Waiter) -> None:
+    if isinstance(waiter, threading.Event):
+        waiter.set()
+        return
+    try:
+        waiter.get_loop().call_soon_threadsafe(_resolve, waiter)
+    except RuntimeError:  # the loop has closed: nobody waits any more
+        pass
 
-    __slots__ = ("event", "loop")
 
-    def __init__(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.event = asyncio.Event()
-
-    def set(self) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.event.set)
-        except RuntimeError:  # the loop has closed: nobody waits any more
-            pass
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(True)
 
 
 class Listener:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._waiters: dict[str, set[Waiter]] = defaultdict(set)
+        # A list per connection id: most have one waiter, and a set costs four times as much.
+        self._waiters: dict[str, list[Waiter]] = {}
         self._listening = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -99,24 +98,26 @@ class Listener:
 
     def _wake(self, key: str) -> None:
         with self._lock:
-            for event in self._waiters.get(key, ()):
-                event.set()
+            for waiter in self._waiters.get(key, ()):
+                _wake(waiter)
 
     def _wake_all(self) -> None:
         with self._lock:
-            for events in self._waiters.values():
-                for event in events:
-                    event.set()
+            for waiters in self._waiters.values():
+                for waiter in waiters:
+                    _wake(waiter)
 
-    def _add(self, key: str, waiter: Waiter) -> None:
+    def add(self, key: str, waiter: Waiter) -> None:
         with self._lock:
-            self._waiters[key].add(waiter)
+            self._waiters.setdefault(key, []).append(waiter)
 
-    def _remove(self, key: str, waiter: Waiter) -> None:
+    def remove(self, key: str, waiter: Waiter) -> None:
         with self._lock:
-            self._waiters[key].discard(waiter)
-            if not self._waiters[key]:
-                del self._waiters[key]
+            waiters = self._waiters.get(key, [])
+            if waiter in waiters:
+                waiters.remove(waiter)
+            if not waiters:
+                self._waiters.pop(key, None)
 
     def waiting(self) -> int:
         with self._lock:
@@ -128,24 +129,21 @@ class Listener:
         then look for runs, then wait: nothing created in between is missed."""
         event = threading.Event()
         self._ensure_started()
-        self._add(key, event)
+        self.add(key, event)
         try:
             yield event
         finally:
-            self._remove(key, event)
+            self.remove(key, event)
 
-    @asynccontextmanager
-    async def asubscribe(self, key: str) -> AsyncIterator[asyncio.Event]:
-        """subscribe() for a coroutine: an asyncio.Event of the running loop."""
-        if not (self._listening.is_set() and self._thread is not None and self._thread.is_alive()):
-            # Starting it waits for LISTEN (a connection, well under a second): not on the loop.
+    def listening(self) -> bool:
+        return self._listening.is_set() and self._thread is not None and self._thread.is_alive()
+
+    async def astart(self) -> None:
+        """Start listening, for a coroutine: starting waits for LISTEN (a connection, well
+        under a second), in a thread, not on the loop. A coroutine then adds its future
+        (add, remove) as subscribe() does its Event."""
+        if not self.listening():
             await asyncio.get_running_loop().run_in_executor(None, self._ensure_started)
-        waiter = LoopEvent()
-        self._add(key, waiter)
-        try:
-            yield waiter.event
-        finally:
-            self._remove(key, waiter)
 
 
 listener = Listener()

@@ -146,3 +146,29 @@ def _until(check, timeout: float = 10) -> None:
     while not check():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.02)
+
+
+def test_on_the_server_each_wait_ends_at_its_own_deadline(live_server, conn_and_token, settings):
+    from runs.notify import listener
+
+    _, token = conn_and_token
+    settings.RUN_LONG_POLL_MAX_WAITERS = 10
+    ended: dict[int, float] = {}
+
+    def wait(seconds: int) -> None:
+        response = requests.get(
+            f"{live_server.url}/_puppet/runs", params={"wait": seconds}, headers=_bearer(token), timeout=20
+        )
+        assert response.status_code == 200 and response.json() == {"runs": []}
+        ended[seconds] = time.monotonic() - started
+
+    started = time.monotonic()
+    # The longest first: one timer serves them all, re-armed for the earliest end.
+    threads = [threading.Thread(target=wait, args=(seconds,)) for seconds in (3, 2, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    for seconds in (1, 2, 3):
+        assert seconds - 0.05 < ended[seconds] < seconds + 0.6, ended
+    assert listener.waiting() == 0

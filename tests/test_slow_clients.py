@@ -84,3 +84,75 @@ def test_a_request_that_does_not_arrive_in_time_is_dropped(live_server, monkeypa
     sock.close()
     # A client that sends in time is answered as ever.
     assert requests.get(f"{live_server.url}/healthz", timeout=5).status_code == 200
+
+
+def _stalled_report(live_server, token: str) -> socket.socket:
+    """A report whose headers arrive whole and whose body stops after 4 of its 100,000 bytes."""
+    sock = _connect(live_server)
+    sock.sendall(
+        f"POST /api/events HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
+        f"Content-Type: application/x-yaml\r\nContent-Length: 100000\r\n\r\n---\n".encode()
+    )
+    return sock
+
+
+def _closed_by_server(sock: socket.socket) -> bytes:
+    sock.settimeout(10)
+    try:
+        return sock.recv(65536)
+    except ConnectionResetError:
+        return b""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_slow_report_bodies_hold_a_thread_each_only_with_a_valid_token_and_only_until_the_deadline(
+    live_server, alice, monkeypatch
+):
+    """The report door's trade-off (relay.django_asgi.STREAMED_PATHS): its view reads the body
+    as it comes, in one of Django's threads. A client with a wrong token holds none (401 at
+    once); one with a valid trigger token holds a thread until REQUEST_READ_TIMEOUT; /healthz
+    is answered on the loop all the while."""
+    from relay.asgi import django_application
+    from triggers.models import Trigger
+
+    monkeypatch.setattr(server, "REQUEST_READ_TIMEOUT", 3.0)
+    threads = django_application.threads._max_workers
+    _, token = Trigger.create_with_token(owner=alice, name="reports")
+
+    wrong = [_stalled_report(live_server, str(token)[:-1] + "x") for _ in range(threads)]
+    for sock in wrong:
+        assert _closed_by_server(sock).startswith(b"HTTP/1.1 401"), "a wrong token is refused at once"
+        sock.close()
+    started = time.monotonic()
+    assert requests.get(f"{live_server.url}/nothing-here", timeout=10).status_code == 404
+    assert time.monotonic() - started < 1, "no thread held by a client with a wrong token"
+
+    opened = time.monotonic()
+    stalled = [_stalled_report(live_server, str(token)) for _ in range(threads)]
+    try:
+        time.sleep(0.5)  # every one is in its view, reading
+        times = _healthz_times(live_server.url, 20)
+        assert times[-1] < 0.5, times  # on the loop: no thread needed
+        response = requests.get(f"{live_server.url}/nothing-here", timeout=15)
+        waited = time.monotonic() - opened
+        assert response.status_code == 404
+        # Django's requests wait for a thread until the deadline drops the stalled bodies.
+        assert 2.5 < waited < 8, waited
+        for sock in stalled:
+            assert not _closed_by_server(sock).startswith(b"HTTP/1.1 2")  # nothing recorded
+    finally:
+        for sock in stalled:
+            sock.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_healthz_on_the_loop_answers_as_django_does(live_server, client):
+    ours = requests.get(f"{live_server.url}/healthz", timeout=5)
+    django = client.get("/healthz", HTTP_HOST="127.0.0.1")  # the test client: Django itself
+    assert ours.status_code == django.status_code == 200
+    assert ours.json() == django.json() == {"status": "ok"}
+    for name in ("Content-Type", "X-Frame-Options", "X-Content-Type-Options", "Referrer-Policy"):
+        assert ours.headers[name] == django.headers[name], name
+    # A Host not allowed is Django's 400, as for every other path.
+    refused = requests.get(f"{live_server.url}/healthz", headers={"Host": "evil.example"}, timeout=5)
+    assert refused.status_code == 400
