@@ -396,7 +396,18 @@ STEP_MEMORY_BYTES = env.int("STEP_MEMORY_BYTES", default=512 * 1024 * 1024)
 STEP_MAX_PROCESSES = env.int("STEP_MAX_PROCESSES", default=256)
 STEP_OUTPUT_BYTES = env.int("STEP_OUTPUT_BYTES", default=1024 * 1024)  # then the step is killed
 STEP_WORK_DIR_BYTES = env.int("STEP_WORK_DIR_BYTES", default=256 * 1024 * 1024)  # /work and /tmp each
-STEP_NETWORK = env.bool("STEP_NETWORK", default=True)  # off: the step cannot reach even the runtime API
+# Every sandbox has a network namespace of its own (scriptsteps/network.py): it reaches the
+# runtime API through its worker, and with STEP_NETWORK, public HTTP(S) through the worker's
+# proxy; STEP_PROXY_ALLOW, when set, the only destinations it may ask for ("host",
+# "*.example.com", "host:443", "*:443"). Each step holds at most STEP_NET_CONNECTIONS
+# connections at once; one idle for STEP_NET_IDLE_SECONDS is closed.
+STEP_NETWORK = env.bool("STEP_NETWORK", default=True)
+STEP_PROXY_ALLOW = env.list("STEP_PROXY_ALLOW", default=[])
+STEP_NET_CONNECTIONS = env.int("STEP_NET_CONNECTIONS", default=32)
+STEP_NET_IDLE_SECONDS = env.float("STEP_NET_IDLE_SECONDS", default=120.0)
+# Tests only, never in production: loopback destinations on these ports pass the proxy's check
+# (the tests' stand-in servers listen on loopback).
+STEP_PROXY_TEST_LOOPBACK_PORTS = env.list("STEP_PROXY_TEST_LOOPBACK_PORTS", cast=int, default=[])
 # Per-step cgroups (pids, memory, cpuacct; cgroup v1) when the worker may make them: "auto",
 # "true" (refuse to run steps without them) or "false" (rlimits on the sandbox's uid only).
 STEP_CGROUPS = env.str("STEP_CGROUPS", default="auto")

@@ -2,8 +2,10 @@
 
 What the sandbox sees (README "Script steps"):
 - its own user (uid 1000 inside; outside, STEP_SANDBOX_UID when the worker is root, else the
-  worker's own uid), no capabilities, no further user namespaces; its own pid, ipc and uts
-  namespaces, and its own network namespace when STEP_NETWORK is off;
+  worker's own uid), no capabilities, no further user namespaces; its own pid, ipc, uts and
+  network namespaces: of the network, only its own loopback, where the runtime API (and with
+  STEP_NETWORK, an HTTP proxy to public addresses) listen, served by this worker
+  (network.py) through Unix sockets at /run/relay;
 - the system's /usr read-only (bash, jq, curl, python3), a /usr/local of its own holding only
   `ni` (and relay_sdk for the python image), a minimal /etc (generated passwd, group, hosts and
   nsswitch.conf; the host's CA certificates, resolv.conf, ld.so.cache and alternatives);
@@ -36,7 +38,7 @@ from typing import Any
 
 from django.conf import settings
 
-from scriptsteps import cgroups
+from scriptsteps import cgroups, network
 
 SCRIPT_PATH = "/var/run/puppet/relay/config/input-script"  # where relay-core mounts `input`
 PYTHON_PATH = "/usr/local/lib/relay-python"
@@ -195,10 +197,11 @@ ETC_FILES = {
     "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
     "group": f"root:x:0:\nstep:x:{INSIDE_UID}:\nnogroup:x:65534:\n",
     "hosts": "127.0.0.1\tlocalhost relay-step\n::1\tlocalhost ip6-localhost ip6-loopback\n",
-    "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files dns\n",
+    # No DNS: nothing in the sandbox's network could answer it (the proxy resolves names).
+    "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files\n",
     "hostname": "relay-step\n",
 }
-# From the host, read-only, when present: TLS roots, DNS, the dynamic linker's cache.
+# From the host, read-only, when present: TLS roots, the dynamic linker's cache.
 HOST_ETC = ("ssl", "ca-certificates", "ca-certificates.conf", "alternatives", "ld.so.cache", "localtime")
 
 
@@ -217,7 +220,7 @@ def _etc() -> Path:
         return _etc_dir
 
 
-def bwrap_args(program: Program, limits: Limits, script_fd: int | None) -> list[str]:
+def bwrap_args(program: Program, limits: Limits, script_fd: int | None, net_dir: Path) -> list[str]:
     args = [
         settings.STEP_BWRAP,
         "--unshare-user",
@@ -230,7 +233,7 @@ def bwrap_args(program: Program, limits: Limits, script_fd: int | None) -> list[
         "--unshare-ipc",
         "--unshare-uts",
         "--unshare-cgroup-try",
-        *([] if program.network else ["--unshare-net"]),
+        "--unshare-net",
         "--hostname",
         "relay-step",
         "--die-with-parent",
@@ -261,15 +264,13 @@ def bwrap_args(program: Program, limits: Limits, script_fd: int | None) -> list[
         args += ["--ro-bind", str(etc / name), f"/etc/{name}"]
     for name in HOST_ETC:
         args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-    if program.network:
-        args += ["--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf"]
-    args += ["--proc", "/proc", "--dev", "/dev"]
+    args += ["--proc", "/proc", "--dev", "/dev", "--ro-bind", str(net_dir), network.INSIDE_DIR]
     for path in ("/work", "/tmp"):  # noqa: S108 (paths inside the sandbox, each its own tmpfs)
         args += ["--size", str(limits.work_dir_bytes), "--perms", "0700", "--tmpfs", path]
     if script_fd is not None:
         args += ["--perms", "0755", "--ro-bind-data", str(script_fd), SCRIPT_PATH]
-    args += ["--remount-ro", "/", "--chdir", "/work", "--", *program.argv]
-    return args
+    args += ["--remount-ro", "/", "--chdir", "/work", "--", *network.wrapper_argv(program.network)]
+    return [*args, *program.argv]
 
 
 def sandbox_env(program: Program) -> dict[str, str]:
@@ -282,6 +283,7 @@ def sandbox_env(program: Program) -> dict[str, str]:
         "LOGNAME": "step",
         "PYTHONUNBUFFERED": "1",  # a step's prints reach the log as they happen
         **({"PYTHONPATH": PYTHON_PATH} if program.python else {}),
+        **network.inside_env(program.network),
     }
     env.update(program.env)
     return env
@@ -301,13 +303,17 @@ def run(
     `limits.output_bytes` of it. Raises SandboxUnavailable when it cannot start at all."""
     if not Path(settings.STEP_BWRAP).exists():
         raise SandboxUnavailable(f"bubblewrap is not installed at {settings.STEP_BWRAP} (STEP_BWRAP).")
+    if not Path(network.SOCAT).exists():
+        raise SandboxUnavailable(
+            f"socat is not installed at {network.SOCAT} (the sandbox's network needs it)."
+        )
     if program.python and not Path(settings.STEP_PYTHON_DIR).is_dir():
         raise SandboxUnavailable(
             f"relay_sdk for relaysh/core:latest-python is not installed on this worker "
             f"({settings.STEP_PYTHON_DIR}; `make .step-python/.installed` builds it)."
         )
-    with UidSlot() as slot:
-        return _run(program, limits, on_output, tick, tick_every, kill_hook, slot)
+    with UidSlot() as slot, network.StepNetwork(program.network, slot.uid, slot.gid) as doors:
+        return _run(program, limits, on_output, tick, tick_every, kill_hook, slot, doors.directory)
 
 
 def _run(
@@ -318,6 +324,7 @@ def _run(
     tick_every: float,
     kill_hook: Callable[[], None] | None,
     slot: UidSlot,
+    net_dir: Path,
 ) -> Result:
     uid, gid = slot.uid, slot.gid
     group = (
@@ -340,7 +347,7 @@ def _run(
         ]
         tasks = group.tasks_files if group else []
         argv = ["/bin/sh", "-c", LAUNCHER, "launch", str(len(tasks)), *tasks, *ulimits]
-        argv += bwrap_args(program, limits, script_fd)
+        argv += bwrap_args(program, limits, script_fd, net_dir)
         process, result = _spawn(
             argv,
             env=sandbox_env(program),
@@ -520,7 +527,7 @@ def _why_it_ended(code: int, group: cgroups.StepCgroup | None, limits: Limits) -
     if group is not None and group.pids_refused():
         return f"The step tried to run more than {limits.processes} processes at once (STEP_MAX_PROCESSES)."
     if code == LAUNCH_FAILED:
-        return "The sandbox could not be set up (its limits or cgroups could not be applied)."
+        return "The sandbox could not be set up (its limits, cgroups or network could not be applied)."
     if code in (128 + signal.SIGXCPU, -signal.SIGXCPU):
         return f"The step used more than {limits.cpu_seconds} seconds of CPU (STEP_CPU_SECONDS)."
     return ""

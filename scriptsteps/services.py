@@ -25,7 +25,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from scriptsteps import container, sandbox, tasks
+from scriptsteps import container, network, sandbox, tasks
 from scriptsteps.masking import Masker
 from scriptsteps.models import ScriptRun, ScriptStatus
 from stepruntime.credentials import grant
@@ -188,9 +188,11 @@ def _execute(script: ScriptRun, worker: uuid.UUID) -> None:
         log.warning("script of step %s could not be prepared", script.pk, exc_info=True)
         script.fail_to_start(f"The step could not be prepared ({type(exc).__name__}: {exc}).")
         return
-    url = grant(str(script.pk))
-    writer = LogWriter(script, worker, [*ctx.secrets, *_credentials_in(url)])
     runtime = container.runtime_for(ctx.image)
+    # A sandbox reaches the runtime API through its own door (its network is its own); a
+    # container, at STEP_RUNTIME_URL.
+    url = grant(str(script.pk), None if runtime is not None else network.runtime_url_inside())
+    writer = LogWriter(script, worker, [*ctx.secrets, *_credentials_in(url)])
     try:
         if runtime is not None:
             result = container.run(runtime, ctx, program_of(ctx, url), writer)
