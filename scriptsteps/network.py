@@ -103,12 +103,15 @@ def wrapper_argv(proxy: bool) -> list[str]:
 
 def inside_env(proxy: bool) -> dict[str, str]:
     """The proxy variables curl, git, pip, requests and urllib honour (curl reads only the
-    lowercase http_proxy); the runtime API, on 127.0.0.1, goes direct."""
+    lowercase http_proxy); the runtime API, on 127.0.0.1, goes direct. `api`: relay_sdk asks
+    requests for http+api://api/… and sends that to METADATA_API_URL, but requests chooses
+    the proxy by the first URL's host."""
     if not proxy:
         return {}
     url = f"http://127.0.0.1:{PROXY_PORT}"
     names = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
-    return {**dict.fromkeys(names, url), "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+    direct = "127.0.0.1,localhost,api"
+    return {**dict.fromkeys(names, url), "NO_PROXY": direct, "no_proxy": direct}
 
 
 def runtime_url_inside() -> str:
