@@ -352,6 +352,10 @@ class StepNetwork:
             await _answer(writer, refused)
         except (_Closed, ConnectionError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:
+            # The step ended. Not raised on: asyncio's server would log a cancelled
+            # connection's task as an error.
+            pass
         finally:
             self._active.discard(task)
             writer.close()

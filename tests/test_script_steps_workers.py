@@ -169,7 +169,7 @@ steps:
     assert finished(after).outcome == "success"
 
 
-def test_with_the_network_off_a_step_reaches_nothing_and_a_worker_without_the_sdk_says_so(
+def test_with_the_network_off_a_step_has_no_proxy_but_its_runtime_api_and_a_worker_without_the_sdk_says_so(
     start_workers, owner
 ):
     start_workers(STEP_NETWORK="false", STEP_PYTHON_DIR="/nonexistent/step-python")
@@ -178,21 +178,27 @@ apiVersion: v1
 steps:
 - name: offline
   image: relaysh/core
+  spec: {greeting: hi}
   input:
   - grep -c ':' /proc/net/dev
-  - curl -sS -m 5 "$METADATA_API_URL/spec"
+  - env | grep -ci proxy || true
+  - ls /run/relay
+  - ni get -p '{.greeting}'; echo
+  - 'curl -sS -m 5 http://93.184.216.34/ || echo "no way out: $?"'
 - name: py
   image: relaysh/core:latest-python
   input: ["#!/usr/bin/env python3", "import relay_sdk"]
 """
     run = finished(run_of(owner, source))
     steps = {step.name: step for step in run.steps.all()}
-    assert log_of(run, "offline").startswith("1\n")  # one interface: its own loopback
-    assert "Failed to connect" in log_of(run, "offline") or "Couldn't connect" in log_of(run, "offline")
-    assert (steps["offline"].status, steps["offline"].message) == (
-        "failure",
-        "The script exited with status 7.",
-    )
+    log = log_of(run, "offline")
+    assert steps["offline"].status == "success", log
+    # One interface (its own loopback), no proxy variables and no proxy's socket, the
+    # runtime API all the same, and nothing else.
+    lines = log.splitlines()
+    assert lines[:4] == ["1", "0", "runtime.sock", "hi"], log
+    assert "Failed to connect" in log or "Couldn't connect" in log
+    assert lines[-1] == "no way out: 7"
     assert steps["py"].status == "failure"
     assert steps["py"].message == (
         "relay_sdk for relaysh/core:latest-python is not installed on this worker "

@@ -22,8 +22,9 @@ from tests.bao import free_port
 SCOPES = ("nodes", "query", "node_group", "application")
 
 
-def make_tls(directory: Path) -> tuple[Path, Path, Path]:
-    """A CA (as the Puppet CA would be) and a server certificate for localhost signed by it."""
+def make_tls(directory: Path, names: str = "DNS:localhost,IP:127.0.0.1") -> tuple[Path, Path, Path]:
+    """A CA (as the Puppet CA would be) and a server certificate for `names` (localhost)
+    signed by it."""
     directory.mkdir(parents=True, exist_ok=True)
     ca_key, ca, key, csr, cert = (
         directory / n for n in ("ca.key", "ca.pem", "server.key", "server.csr", "server.pem")
@@ -48,7 +49,7 @@ def make_tls(directory: Path) -> tuple[Path, Path, Path]:
     )
     openssl("req", *new_key, "-keyout", str(key), "-out", str(csr), "-subj", "/CN=localhost")
     ext = directory / "san.ext"
-    ext.write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    ext.write_text(f"subjectAltName={names}\n")
     openssl(
         "x509",
         "-req",
