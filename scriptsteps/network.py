@@ -256,7 +256,7 @@ class StepNetwork:
         self.uid, self.gid = uid, gid
         self.policy = policy or Policy.from_settings()
         runtime = urlsplit(settings.STEP_RUNTIME_URL)
-        self.runtime_tls = runtime.scheme == "https"
+        self.runtime_tls = ssl.create_default_context() if runtime.scheme == "https" else None
         self.runtime_host = runtime.hostname or "127.0.0.1"
         self.runtime_port = runtime.port or (443 if self.runtime_tls else 80)
         self.runtime_netloc = runtime.netloc.rpartition("@")[2].encode()
@@ -371,7 +371,7 @@ class StepNetwork:
                 asyncio.open_connection(
                     self.runtime_host,
                     self.runtime_port,
-                    ssl=ssl.create_default_context() if self.runtime_tls else None,
+                    ssl=self.runtime_tls,
                     limit=HEAD_BYTES,
                 ),
                 CONNECT_SECONDS,

@@ -385,3 +385,18 @@ def test_a_step_holds_at_most_its_connections_and_an_idle_one_is_closed(standin)
     assert time.monotonic() - ended < 0.4
     assert not directory.exists()
     last.close()
+
+
+def test_an_https_step_runtime_url_is_reached_over_tls_verified(standin, settings, monkeypatch):
+    settings.STEP_RUNTIME_URL = f"https://{STANDIN_HOST}:{standin.tls_port}"
+    request = b"GET /spec HTTP/1.1\r\nHost: x\r\n\r\n"
+    # Not trusted (the stand-in's CA is its own): the step hears why, as a 502.
+    with network.StepNetwork(False) as doors:
+        status, body = problem_of(ask(doors.directory / network.RUNTIME_SOCKET, request))
+    assert status == 502 and "CERTIFICATE_VERIFY_FAILED" in body["detail"]
+    monkeypatch.setenv("SSL_CERT_FILE", str(standin.ca))  # OpenSSL's default verify paths
+    standin.received.clear()
+    with network.StepNetwork(False) as doors:
+        answer = ask(doors.directory / network.RUNTIME_SOCKET, request)
+    assert answer.endswith(b"stand-in saw /spec\n")
+    assert standin.received[0]["headers"]["host"] == f"{STANDIN_HOST}:{standin.tls_port}"
