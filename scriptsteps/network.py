@@ -67,38 +67,35 @@ HOP_BY_HOP = {
     b"host",
 }
 
-# The sandbox's first process (dash): the listeners, then the program once they listen. They
-# are seen listening in /proc/net/tcp (the sandbox's own network namespace: a line or two);
-# a socat that ended (it could not listen) ends the sandbox with 125, "could not be set up".
-# $1 $2: the runtime API's port, in decimal and as /proc/net/tcp writes it (hex); $3 $4 the
-# proxy's ("-" without one); then the program.
+# The sandbox's first process (dash): the listeners, then the program once they listen. In
+# the sandbox's fresh network namespace, /proc/net/sockstat's "TCP: inuse" counts exactly its
+# listening sockets until the program starts (a TCP socket counts once it listens or
+# connects, and nothing else runs yet); it is a few counters, where /proc/net/tcp walks the
+# kernel's socket tables on every read (dash reads a byte at a time: 10+ ms). A socat that
+# ended (it could not listen) ends the sandbox with 125, "could not be set up".
+# $1: the runtime API's port, $2 the proxy's ("-" without one); then the program.
 WRAPPER = f"""\
 listen() {{
   {SOCAT} TCP-LISTEN:"$1",bind=127.0.0.1,reuseaddr,fork UNIX-CONNECT:{INSIDE_DIR}/"$2" \\
     </dev/null >/dev/null 2>&1 &
 }}
 listen "$1" {RUNTIME_SOCKET}; runtime=$! proxy= want=1
-[ "$3" = - ] || {{ listen "$3" {PROXY_SOCKET}; proxy=$! want=2; }}
+[ "$2" = - ] || {{ listen "$2" {PROXY_SOCKET}; proxy=$! want=2; }}
+shift 2
 while :; do
-  n=0
-  while read -r _ local _ state _; do
-    case "$local $state" in "0100007F:$2 0A"|"0100007F:$4 0A") n=$((n + 1)) ;; esac
-  done < /proc/net/tcp
-  [ "$n" -ge "$want" ] && break
+  while read -r kind _ count _; do [ "$kind" = TCP: ] && break; done < /proc/net/sockstat
+  [ "$count" -ge "$want" ] && break
   if ! kill -0 "$runtime" 2>/dev/null || {{ [ -n "$proxy" ] && ! kill -0 "$proxy" 2>/dev/null; }}; then
     echo "relay: the step's network could not be set up (socat ended)" >&2
     exit 125
   fi
 done
-shift 4
 exec "$@"
 """
 
 
 def wrapper_argv(proxy: bool) -> list[str]:
-    ports = [str(RUNTIME_PORT), f"{RUNTIME_PORT:04X}"]
-    ports += [str(PROXY_PORT), f"{PROXY_PORT:04X}"] if proxy else ["-", "-"]
-    return ["/bin/sh", "-c", WRAPPER, "relay-net", *ports]
+    return ["/bin/sh", "-c", WRAPPER, "relay-net", str(RUNTIME_PORT), str(PROXY_PORT) if proxy else "-"]
 
 
 def inside_env(proxy: bool) -> dict[str, str]:
