@@ -316,6 +316,8 @@ class StepNetwork:
                 # The directory decides who may connect (its mode and owner).
                 os.chmod(path, 0o666)  # noqa: S103
         except Exception as exc:  # said to the thread that waits for the doors
+            for server in servers:
+                server.close()
             ready.set_exception(exc)
             return
         ready.set_result(None)

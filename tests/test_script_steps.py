@@ -211,7 +211,7 @@ apiVersion: v1
 steps:
 - name: fork-bomb
   image: relaysh/core
-  input: ["#!/bin/bash", "bomb() { bomb | bomb & }; bomb", "wait"]
+  input: ["#!/bin/bash", "bomb() { bomb | bomb & }; bomb", "wait", "sleep 30"]
 - name: endless-output
   image: relaysh/core
   input: ["yes 'spam spam spam'"]
@@ -228,6 +228,9 @@ steps:
 
 
 def test_limits_end_their_steps_with_the_reason_and_the_worker_lives(workers, owner):
+    # The fork bomb's `wait` returns once its first two processes have forked theirs: its
+    # `sleep` keeps the script (and so the sandbox) alive until the bomb meets the limit,
+    # which a loaded machine could otherwise let it outrun (the script ended 0 first).
     _, steps_worker = workers
     run = finished(run_of(owner, LIMITED), timeout=60)
     steps = steps_of(run)
