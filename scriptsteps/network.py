@@ -14,7 +14,10 @@ On the worker, StepNetwork (an asyncio loop in a thread of the worker process) s
 - proxy.sock: an HTTP proxy, CONNECT (https, or any TCP a client tunnels) and absolute-form
   plain http, to public addresses only: the destination is resolved once, refused (403) when
   any address it resolves to is not public (relay/egress.py's rule) or it is not in
-  STEP_PROXY_ALLOW, and the connection is made to the address checked.
+  STEP_PROXY_ALLOW, and the connection is made to the address checked. Two destinations are
+  the service itself, wherever it is: RELAY_PUBLIC_URL's host and port (a puppet
+  connection's relayAPIURL, which Relay's Puppet steps call), and 127.0.0.1:RUNTIME_PORT,
+  the runtime door's own address, for clients that send even it through the proxy.
 Bounded, so that a step cannot exhaust its worker: STEP_NET_CONNECTIONS connections at once
 (503 past them), a request head of at most HEAD_BYTES read within HEAD_SECONDS, little in
 flight per connection (one CHUNK read each way, a write buffer of CHUNK), a connection with
@@ -28,6 +31,7 @@ import fnmatch
 import json
 import os
 import shutil
+import socket
 import ssl
 import tempfile
 import threading
@@ -100,15 +104,17 @@ def wrapper_argv(proxy: bool) -> list[str]:
 
 def inside_env(proxy: bool) -> dict[str, str]:
     """The proxy variables curl, git, pip, requests and urllib honour (curl reads only the
-    lowercase http_proxy); the runtime API, on 127.0.0.1, goes direct. `api`: relay_sdk asks
-    requests for http+api://api/… and sends that to METADATA_API_URL, but requests chooses
-    the proxy by the first URL's host."""
+    lowercase http_proxy). 127.0.0.1 goes through the proxy too: RELAY_PUBLIC_URL may be a
+    loopback address of the worker's (a development setup), which only the proxy reaches;
+    the runtime API's 127.0.0.1:RUNTIME_PORT the proxy takes to the runtime door's
+    destination (relay_sdk, whose requests choose a proxy by its placeholder host `api`,
+    sends it through the proxy whatever NO_PROXY says). `localhost` stays direct, for a
+    step's own servers."""
     if not proxy:
         return {}
     url = f"http://127.0.0.1:{PROXY_PORT}"
     names = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
-    direct = "127.0.0.1,localhost,api"
-    return {**dict.fromkeys(names, url), "NO_PROXY": direct, "no_proxy": direct}
+    return {**dict.fromkeys(names, url), "NO_PROXY": "localhost", "no_proxy": "localhost"}
 
 
 def runtime_url_inside() -> str:
@@ -123,6 +129,7 @@ class Policy:
 
     allow: tuple[str, ...] = ()  # empty: any public destination; else "host", "*.domain[:port]", "*:443"
     loopback_ports: frozenset[int] = frozenset()  # tests only: their stand-ins listen on loopback
+    service: frozenset[tuple[str, int]] = frozenset()  # RELAY_PUBLIC_URL's: allowed wherever it is
     connections: int = 32
     idle_seconds: float = 120.0
 
@@ -131,6 +138,7 @@ class Policy:
         return cls(
             allow=tuple(entry.strip().lower() for entry in settings.STEP_PROXY_ALLOW if entry.strip()),
             loopback_ports=frozenset(settings.STEP_PROXY_TEST_LOOPBACK_PORTS),
+            service=frozenset([_origin(settings.RELAY_PUBLIC_URL)]),
             connections=settings.STEP_NET_CONNECTIONS,
             idle_seconds=settings.STEP_NET_IDLE_SECONDS,
         )
@@ -146,6 +154,17 @@ class Policy:
             if fnmatch.fnmatchcase(name, pattern.strip("[]")):
                 return True
         return False
+
+
+def _origin(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return (parts.hostname or "").rstrip("."), parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def _addresses(host: str, port: int) -> list[str]:
+    """Every address `host` resolves to, once, unchecked (the service's own name)."""
+    found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in found))
 
 
 def _has_port(entry: str) -> bool:
@@ -365,6 +384,11 @@ class StepNetwork:
         head = await _read_head(reader)
         if not head.target.startswith(b"/"):
             raise Refused(400, "The runtime API takes paths (/spec), not URLs.", "bad-request")
+        await self._to_runtime(reader, writer, head, head.target)
+
+    async def _to_runtime(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: _Head, target: bytes
+    ) -> None:
         try:
             up_reader, up_writer = await asyncio.wait_for(
                 asyncio.open_connection(
@@ -379,7 +403,7 @@ class StepNetwork:
             raise Refused(
                 502, f"The step runtime API (STEP_RUNTIME_URL) cannot be reached: {exc}", "bad-gateway"
             ) from exc
-        up_writer.write(head.rewritten(head.target, self.runtime_netloc))
+        up_writer.write(head.rewritten(target, self.runtime_netloc))
         await self._exchange(reader, writer, up_reader, up_writer)
 
     # The proxy's door ------------------------------------------------------------------
@@ -400,23 +424,28 @@ class StepNetwork:
                 "bad-request",
             )
         host, port = _destination(url.netloc.rpartition("@")[2], 80)
-        up_reader, up_writer = await self._connect(host, port)
         target = (url.path or "/") + (f"?{url.query}" if url.query else "")
+        if (host, port) == ("127.0.0.1", RUNTIME_PORT):  # the runtime door's address
+            await self._to_runtime(reader, writer, head, target.encode("latin-1"))
+            return
+        up_reader, up_writer = await self._connect(host, port)
         authority = url.netloc.rpartition("@")[2]
         up_writer.write(head.rewritten(target.encode("latin-1"), authority.encode("latin-1")))
         await self._exchange(reader, writer, up_reader, up_writer)
 
     async def _connect(self, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        if not self.policy.allows(host, port):
+        # The service itself is where its operator put it (a private network, often).
+        service = (host.lower().rstrip("."), port) in self.policy.service
+        if not service and not self.policy.allows(host, port):
             raise Refused(403, f"{host}:{port} is not in STEP_PROXY_ALLOW.", "destination-not-allowed")
         loop = asyncio.get_running_loop()
         try:
-            addresses = await asyncio.wait_for(
-                loop.run_in_executor(
-                    None, egress.public_addresses, host, port, port in self.policy.loopback_ports
-                ),
-                CONNECT_SECONDS,
-            )
+            if service:
+                lookup = loop.run_in_executor(None, _addresses, host, port)
+            else:
+                allow_loopback = port in self.policy.loopback_ports
+                lookup = loop.run_in_executor(None, egress.public_addresses, host, port, allow_loopback)
+            addresses = await asyncio.wait_for(lookup, CONNECT_SECONDS)
         except egress.ForbiddenAddress as exc:
             raise Refused(
                 403,

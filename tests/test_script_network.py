@@ -92,6 +92,7 @@ def workers(django_db_setup, django_db_blocker, bao, live_server, standin, tmp_p
             bao,
             live_server.url,
             STEP_PROXY_TEST_LOOPBACK_PORTS=f"{standin.port},{standin.tls_port}",
+            RELAY_PUBLIC_URL=live_server.url,  # the service, which steps reach through the proxy
         )
     yield engine_worker, steps_worker
     steps_worker.stop()
@@ -174,10 +175,9 @@ def test_a_step_reaches_nothing_of_the_hosts_network_directly_yet_ni_works(
 def test_the_proxy_refuses_what_is_not_public_with_403_and_says_why(workers, owner, live_server, standin):
     live_port = live_server.url.rsplit(":", 1)[1]
     refused = {
-        f"http://127.0.0.1:{live_port}/healthz": "a loopback address",
         "http://127.0.0.1:5432/": "a loopback address",
         "http://localhost:6379/": "a loopback address",
-        f"http://{STANDIN_HOST}:{live_port}/": "a loopback address",  # the test-only ports alone
+        f"http://{STANDIN_HOST}:{live_port}/": "a loopback address",  # test-only ports, service's name
         "http://169.254.169.254/latest/meta-data/": "a link-local address",
         "http://10.0.0.1/": "a private address",
         "http://[::ffff:127.0.0.1]:5432/": "a loopback address",
@@ -205,7 +205,7 @@ def test_the_proxy_refuses_what_is_not_public_with_403_and_says_why(workers, own
 
 
 @pytest.mark.django_db(transaction=True)
-def test_http_and_https_go_through_the_proxy_to_a_destination_it_allows(workers, owner, standin):
+def test_http_and_https_go_through_the_proxy_to_a_destination_it_allows(workers, owner, standin, live_server):
     standin.received.clear()
     ca = standin.ca.read_text()
     log = run_step(
@@ -215,10 +215,13 @@ def test_http_and_https_go_through_the_proxy_to_a_destination_it_allows(workers,
             'printf "%s" "$CA" > /work/ca.pem',
             f"curl -sS http://{STANDIN_HOST}:{standin.port}/plain?via=curl",
             f"curl -sS --cacert /work/ca.pem https://{STANDIN_HOST}:{standin.tls_port}/tls?via=curl",
+            # The service at RELAY_PUBLIC_URL (a puppet connection's relayAPIURL), loopback
+            # here: the proxy takes it wherever it is.
+            'curl -sS "$SERVICE/healthz"; echo',
         ],
-        env={"CA": ca},
+        env={"CA": ca, "SERVICE": live_server.url},
     )
-    assert "stand-in saw /plain?via=curl\nstand-in saw /tls?via=curl\n" == log
+    assert "stand-in saw /plain?via=curl\nstand-in saw /tls?via=curl\n" + '{"status": "ok"}\n' == log
     plain = next(seen for seen in standin.received if seen["path"] == "/plain?via=curl")
     # The proxy's doing: the request's Host from its URL, one request per connection, and
     # nothing of the hop to the proxy.
@@ -340,6 +343,20 @@ def test_the_runtime_door_goes_to_step_runtime_url_only_with_its_host(standin, s
     assert seen["headers"]["host"] == f"{STANDIN_HOST}:{standin.port}"
     assert seen["headers"]["connection"] == "close" and "x-drop" not in seen["headers"]
     assert seen["headers"]["authorization"] == "Basic cnRfeDo="
+    # A client that sends even the runtime API's address through the proxy (relay_sdk does)
+    # reaches the same place, and only there.
+    with network.StepNetwork(True, policy=network.Policy()) as doors:
+        answer = ask(
+            doors.directory / network.PROXY_SOCKET,
+            f"GET http://127.0.0.1:{network.RUNTIME_PORT}/base/outputs/x HTTP/1.1\r\n"
+            "Proxy-Connection: keep-alive\r\n\r\n".encode(),
+        )
+        assert answer.endswith(b"stand-in saw /base/outputs/x\n")
+        assert standin.received[-1]["headers"]["host"] == f"{STANDIN_HOST}:{standin.port}"
+        status, _ = problem_of(
+            ask(doors.directory / network.PROXY_SOCKET, b"GET http://127.0.0.1:8001/ HTTP/1.1\r\n\r\n")
+        )
+        assert status == 403
 
 
 def test_a_step_holds_at_most_its_connections_and_an_idle_one_is_closed(standin):
