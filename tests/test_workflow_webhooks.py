@@ -38,6 +38,18 @@ def worker(django_db_setup, django_db_blocker, bao, tmp_path_factory):
     process.stop()
 
 
+@pytest.fixture(autouse=True)
+def _worker_done_before_the_flush(worker):
+    """A test ends only when the worker has done what it asked: an event still being read,
+    or its run still going, when the test's TRUNCATE comes, deadlocks with it."""
+    yield
+    wait_until(
+        lambda: not Event.objects.filter(state="received").exists()
+        and not Event.objects.filter(workflow_start="pending").exists()
+        and not WorkflowRun.objects.exclude(status="complete").exists()
+    )
+
+
 @pytest.fixture
 def ops(db) -> User:
     return User.objects.create_user("ops")
