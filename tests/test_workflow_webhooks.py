@@ -44,9 +44,11 @@ def _worker_done_before_the_flush(worker):
     or its run still going, when the test's TRUNCATE comes, deadlocks with it."""
     yield
     wait_until(
-        lambda: not Event.objects.filter(state="received").exists()
-        and not Event.objects.filter(workflow_start="pending").exists()
-        and not WorkflowRun.objects.exclude(status="complete").exists()
+        lambda: (
+            not Event.objects.filter(state="received").exists()
+            and not Event.objects.filter(workflow_start="pending").exists()
+            and not WorkflowRun.objects.exclude(status="complete").exists()
+        )
     )
 
 
