@@ -148,7 +148,26 @@ def stored_report(workdir: Path) -> bytes:
     return report.read_bytes()
 
 
-class Worker:
+class ChildProcess:
+    """A test's own service process (a Celery worker, beat): SIGTERM and wait, SIGKILL if it
+    will not go; `kill()` is a machine's crash, as far as the process goes."""
+
+    process: subprocess.Popen
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class Worker(ChildProcess):
     """`celery worker` in its own process, on the tests' Redis db (and broker namespace) and
     the test database. `pool` "solo" runs tasks in the worker process itself (so `kill()`
     kills the task mid-way); "prefork" runs them in a child, as production does. `env`
@@ -191,18 +210,6 @@ class Worker:
 
     def logged(self) -> str:
         return self.log.read_text(errors="replace") if self.log else ""
-
-    def kill(self) -> None:
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
 
 def wait_until(check: Callable[[], object], timeout: float = 60, every: float = 0.1) -> None:

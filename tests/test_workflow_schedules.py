@@ -4,7 +4,6 @@ while the service was down, never twice for one slot however many run at once; r
 beat and worker start one on their own; an invalid cron is a 400 at its place."""
 
 import os
-import signal
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -17,6 +16,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from tests.conftest import client_for, run_concurrently
+from tests.events_helpers import ChildProcess
 from tests.test_connection_api import assert_problem
 from tests.workflow_helpers import NOOP, EngineWorker, finished, steps_of, wait_until
 from triggers.models import Schedule
@@ -228,7 +228,7 @@ def test_a_schedule_has_no_event_so_a_binding_from_event_data_fails_the_run_sayi
 # Real beat and worker ---------------------------------------------------------------------------
 
 
-class Beat:
+class Beat(ChildProcess):
     """`celery beat` in its own process, ticking the schedules every second."""
 
     def __init__(self, log_path: Path, schedule_file: Path) -> None:
@@ -255,14 +255,6 @@ class Beat:
             stdout=log_path.open("ab"),
             stderr=subprocess.STDOUT,
         )
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
 
 
 def test_celery_beat_and_a_worker_start_the_run_when_it_is_due(api, tmp_path):

@@ -32,7 +32,7 @@ from tests.slack_standin import SlackStandIn
 from tests.test_connection_api import assert_problem
 from tests.test_event_data import as_json
 from tests.test_events_push_body import PlainLoader, motd, push_data
-from tests.workflow_helpers import NOOP, EngineWorker, finished, steps_of, wait_until
+from tests.workflow_helpers import NOOP, EngineWorker, ended, finished, steps_of, wait_until
 from triggers.models import Event, Trigger
 from triggers.tasks import requeue_received_before
 from workflows import services, tasks
@@ -122,20 +122,6 @@ def send(token: str, data: dict) -> str:
     response = post(token, json.dumps({"data": data}).encode(), "application/json", basic=False)
     assert response.status_code == 202, response.content
     return response.json()["id"]
-
-
-def ended(event_id: str, timeout: float = 60) -> Event:
-    """The event once the worker has read it and, for a workflow's trigger, decided its run."""
-    wait_until(
-        lambda: (
-            Event.objects.filter(pk=event_id)
-            .exclude(state="received")
-            .exclude(workflow_start="pending")
-            .exists()
-        ),
-        timeout,
-    )
-    return Event.objects.get(pk=event_id)
 
 
 def test_a_push_trigger_s_event_starts_a_run_with_the_bound_parameters(worker, api, ops, bao):

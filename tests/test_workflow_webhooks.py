@@ -17,7 +17,7 @@ from rest_framework.test import APIClient
 from tests.conftest import client_for
 from tests.events_helpers import clear_queues
 from tests.test_connection_api import assert_problem
-from tests.workflow_helpers import NOOP, EngineWorker, finished, steps_of, wait_until
+from tests.workflow_helpers import NOOP, EngineWorker, ended, finished, steps_of, wait_until
 from triggers.models import Event, Trigger
 from workflows.models import WorkflowRun
 
@@ -104,19 +104,6 @@ def hook(url: str, token: str | None, body: bytes | dict, content_type: str = "a
         )
     path = url.removeprefix(settings.RELAY_PUBLIC_URL)
     return Client().generic("POST", path, data, content_type=content_type, HTTP_HOST="127.0.0.1", **headers)
-
-
-def ended(event_id: str, timeout: float = 60) -> Event:
-    wait_until(
-        lambda: (
-            Event.objects.filter(pk=event_id)
-            .exclude(state="received")
-            .exclude(workflow_start="pending")
-            .exists()
-        ),
-        timeout,
-    )
-    return Event.objects.get(pk=event_id)
 
 
 def test_a_webhook_s_json_body_is_the_event_its_binding_reads(worker, api, ops, bao):

@@ -1,7 +1,6 @@
 """Real Celery workers for the workflow engine's tests, on the tests' Redis db and database."""
 
 import os
-import signal
 import subprocess
 import sys
 import uuid
@@ -10,14 +9,15 @@ from pathlib import Path
 from django.contrib.auth.models import User
 from django.db import connection
 
-from tests.events_helpers import wait_until
+from tests.events_helpers import ChildProcess, wait_until
+from triggers.models import Event
 from workflows import engine
 from workflows.models import StepRun, Workflow, WorkflowRun
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-class EngineWorker:
+class EngineWorker(ChildProcess):
     """`celery worker` in its own process (prefork with `concurrency` children, or solo),
     with the internal do-nothing step image turned on; its log goes to `log_path`."""
 
@@ -68,18 +68,6 @@ class EngineWorker:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def kill(self) -> None:
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
 
 def make_workflow(owner: User, source: str, name: str = "wf") -> Workflow:
     workflow = Workflow.objects.create(owner=owner, name=name)
@@ -111,3 +99,17 @@ def step_in(run: WorkflowRun, name: str, status: str, timeout: float = 30) -> St
 
 
 NOOP = "relay-internal/noop"
+
+
+def ended(event_id: str, timeout: float = 60) -> Event:
+    """The event once the worker has read it and, for a workflow's trigger, decided its run."""
+    wait_until(
+        lambda: (
+            Event.objects.filter(pk=event_id)
+            .exclude(state="received")
+            .exclude(workflow_start="pending")
+            .exists()
+        ),
+        timeout,
+    )
+    return Event.objects.get(pk=event_id)
