@@ -18,12 +18,12 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt bridge_client/pyprojec
 	touch $@
 
 # relay_sdk for `relaysh/core:latest-python` script steps, for the Python that runs them
-# (Debian's, inside the sandbox): pinned, no dependency resolution, wheels only.
-STEP_PYTHON ?= /usr/bin/python3
-.step-python/.installed: requirements-steps.txt
+# (Debian's python3.11, inside the sandbox): pinned, no dependency resolution, wheels for
+# CPython 3.11 only. The virtualenv's pip fetches them, so `make run` needs no Debian pip.
+.step-python/.installed: requirements-steps.txt | $(BIN)/python
 	rm -rf .step-python
-	$(STEP_PYTHON) -m pip install --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
-		--target .step-python -r requirements-steps.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+		--python-version 3.11 --implementation cp --target .step-python -r requirements-steps.txt
 	touch $@
 
 run: $(VENV)/.installed .step-python/.installed
