@@ -36,7 +36,7 @@ from workflows.models import (
 
 def puppet_run_of(step: StepRun) -> Run | None:
     """The Puppet run a Puppet step made or waits for (its `id` output), if it is one."""
-    run_id = (step.outputs or {}).get("id")
+    run_id = step.shown_outputs.get("id")  # a step's sensitive output links nowhere
     try:
         return Run.objects.filter(pk=uuid.UUID(str(run_id))).first() if run_id else None
     except ValueError:
@@ -46,7 +46,8 @@ def puppet_run_of(step: StepRun) -> Run | None:
 def what_would_change(outputs: Any) -> str:
     """A run-wait's `results`, per node: whether changes are pending and which resources
     would change (the bridge reads them from each node's last run report)."""
-    nodes = outputs.get("results", {}).get("nodes") if isinstance(outputs, dict) else None
+    results = outputs.get("results") if isinstance(outputs, dict) else None
+    nodes = results.get("nodes") if isinstance(results, dict) else None  # or hidden: MASK
     if not isinstance(nodes, list):
         return ""
     lines = []
@@ -274,7 +275,7 @@ class StepRunInline(admin.TabularInline):
 
     @admin.display(description="outputs")
     def shown_outputs(self, step: StepRun) -> str:
-        return pretty_json(step.outputs) if step.outputs else ""
+        return pretty_json(step.shown_outputs) if step.outputs else ""
 
 
 @admin.register(WorkflowRun)
@@ -440,8 +441,8 @@ class ApprovalAdmin(admin.ModelAdmin):
             "",
             "<p><strong>{}</strong> ({}): {}</p>{}{}",
             (
-                (row.name, row.status, row.message, what_would_change(row.outputs), pretty_json(row.outputs))
-                for row in rows
+                (row.name, row.status, row.message, what_would_change(shown), pretty_json(shown))
+                for row, shown in ((row, row.shown_outputs) for row in rows)
             ),
         )
 
