@@ -8,6 +8,8 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
 from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -129,3 +131,24 @@ def test_outputs_a_handler_publishes_while_its_step_runs_stay_visible(alice):
     assert held.step.record_wait(held.lease, {}, {"id": "abc-123"}, timezone.now() + timedelta(hours=1), None)
     assert StepRun.objects.get(pk=held.step.pk).status == "in-progress"
     assert api_outputs(alice, held.run.pk, "make") == {"id": "abc-123"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_moves_what_each_credential_kept_to_its_step(alice):
+    make = start_step(run_of(alice, SOURCE), "make")
+    assert make.step.put_output("password", VALUE)
+    before = [("stepruntime", "0002_step_output_metadata"), ("workflows", "0005_step_run_decorators")]
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    try:
+        old = executor.loader.project_state(before).apps
+        old.get_model("stepruntime", "StepCredential").objects.filter(step_run_id=make.step.pk).update(
+            output_metadata={"password": {"sensitive": True}}
+        )
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.migrate(executor.loader.graph.leaf_nodes())
+    step = StepRun.objects.get(pk=make.step.pk)
+    assert step.output_metadata == {"password": {"sensitive": True}}
+    make.end()
+    assert StepRun.objects.get(pk=make.step.pk).shown_outputs == {"password": MASK}
