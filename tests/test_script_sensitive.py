@@ -165,3 +165,30 @@ def test_ni_output_set_sensitive_is_masked_everywhere_but_in_the_step_that_reads
     body = client_for(owner).get(f"/api/workflow-runs/{run.pk}/").json()
     assert next(s["outputs"] for s in body["steps"] if s["name"] == "make") == shown
     assert VALUE not in json.dumps(body)
+
+
+BESIDE = """
+apiVersion: v1
+steps:
+- name: side
+  image: relaysh/core
+  input:
+  - sleep 1
+  - ni output set -k tok --sensitive -v "$(printf 'Side-%s' s3cret-0042)"
+- name: reader
+  image: relaysh/core
+  input:
+  - echo "reader starts"  # its log is stored before the value exists
+  - for i in $(seq 60); do V="$(ni output get -n side -k tok 2>/dev/null)" && break; sleep 0.2; done
+  - 'echo "got: $V"; printf %s "$V" | base64; printf %s "$V" | sha256sum'
+"""
+
+
+def test_a_sensitive_output_set_beside_a_running_step_is_masked_in_its_log(workers, owner):
+    # The reader started before the value existed: what it can read is what the run has now.
+    run = finished(run_of(owner, BESIDE), timeout=60)
+    log = log_of(run, "reader")
+    assert steps_of(run)["reader"].status == "success", log
+    value = "Side-s3cret-0042"
+    assert hashlib.sha256(value.encode()).hexdigest() in log  # it read the value itself
+    assert f"got: {MASK}\n" in log and value not in log and not readable(log, value), log
