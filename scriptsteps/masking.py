@@ -17,6 +17,7 @@ import base64
 import binascii
 import json
 import re
+import textwrap
 from collections.abc import Iterable
 from typing import Any
 from urllib.parse import quote, quote_plus
@@ -84,7 +85,8 @@ def url_encoded(value: str) -> set[str]:
 def base64_cores(raw: bytes) -> set[str]:
     """For each alignment of `raw` in a longer base64 text (0, 1 or 2 bytes before it), the
     characters that only its bits make, in the standard and the URL-safe alphabets. At
-    alignment 0 that is the standalone encoding without its last, mixed character."""
+    alignment 0 that is the standalone encoding without its last, mixed character; and a
+    long value's standalone encoding broken into lines, each line."""
     cores = set()
     for before in range(3):
         encoded = base64.b64encode(bytes(before) + raw).decode()
@@ -94,8 +96,12 @@ def base64_cores(raw: bytes) -> set[str]:
         if len(core) >= MIN_CORE:
             cores.add(core)
             cores.add(core.translate(str.maketrans("+/", "-_")))
+    whole = base64.b64encode(raw).decode()
     if len(raw) % 3 == 0:
-        cores.add(base64.b64encode(raw).decode())  # whole groups: no mixed character at the end
+        cores.add(whole)  # whole groups: no mixed character at the end
+    for width in (76, 64):  # `base64` and `openssl base64` break lines there
+        if len(whole) > width:
+            cores.update(line for line in textwrap.wrap(whole, width) if len(line) >= MIN_CORE)
     return cores
 
 
@@ -115,14 +121,19 @@ class Masker:
     feed (or `flush`)."""
 
     def __init__(self, secrets: Iterable[str]) -> None:
-        self.secrets = variants(secrets)
+        self.secrets: list[str] = []
+        self.by_start: dict[str, list[str]] = {}  # by their first MIN_LENGTH characters
         self.pending = ""
+        self.add(secrets)
 
     def add(self, secrets: Iterable[str]) -> None:
         """More values to mask from now on (the text held back included)."""
         new = set(variants(secrets)) - set(self.secrets)
         if new:
             self.secrets = sorted([*self.secrets, *new], key=lambda v: (-len(v), v))
+            self.by_start = {}
+            for secret in self.secrets:
+                self.by_start.setdefault(secret[:MIN_LENGTH], []).append(secret)
 
     def feed(self, text: str) -> str:
         text = self.pending + text
@@ -156,11 +167,18 @@ class Masker:
         """The length of the longest end of `text` that begins some secret, or `Basic`."""
         hold = 0
         if self.secrets:
-            longest = min(len(self.secrets[0]) - 1, len(text))
-            for size in range(longest, 0, -1):
-                tail = text[-size:]
-                if any(secret.startswith(tail) for secret in self.secrets):
-                    hold = size
+            # Only where a secret's first characters are can one start (a long secret, a key,
+            # would otherwise cost a comparison per character and variant).
+            for start in range(max(len(text) - len(self.secrets[0]) + 1, 0), len(text)):
+                if len(text) - start >= MIN_LENGTH:
+                    candidates = self.by_start.get(text[start : start + MIN_LENGTH])
+                    if not candidates:
+                        continue
+                else:
+                    candidates = self.secrets
+                tail = text[start:]
+                if any(secret.startswith(tail) for secret in candidates):
+                    hold = len(tail)
                     break
         for size in range(min(len("Basic "), len(text)), 0, -1):  # "Bas": maybe Basic's start
             if "basic ".startswith(text[-size:].lower()):

@@ -5,6 +5,7 @@ held back or changed."""
 import base64
 import json
 import re
+import time
 from urllib.parse import quote, quote_plus
 
 from scriptsteps.masking import MASK, Masker
@@ -112,3 +113,25 @@ def test_basic_credentials_are_masked_even_of_a_password_it_was_not_given():
     # The word in a sentence is not credentials.
     for text in ("Basic usage: ni get\n", "basic auth is off\n", "BASIC\n"):
         assert fed(Masker([]), [text[:3], text[3:]]) == text
+
+
+def test_a_long_secrets_base64_broken_into_lines_is_masked_line_by_line():
+    key = "-----BEGIN KEY-----\n" + "k3y-m4terial/" * 20 + "\n-----END KEY-----\n"
+    for width in (76, 64):  # base64's and openssl's lines
+        whole = base64.b64encode(key.encode()).decode()
+        printed = "\n".join(whole[i : i + width] for i in range(0, len(whole), width)) + "\n"
+        out = fed(Masker([key]), [printed[:100], printed[100:]])
+        assert not readable(out, key), out
+        assert set(out.split("\n")) <= {MASK, ""}, out
+
+
+def test_masking_keeps_up_with_a_long_secret_among_many():
+    # A key of a few KiB has variants of a few KiB each: looking for one's start must not
+    # cost a comparison per character and variant (a MiB of output took 20 s that way).
+    key = "-----BEGIN KEY-----\n" + "\n".join(f"line-{i:03d}-" + "Qm9ndXM" * 9 for i in range(50)) + "\n"
+    masker = Masker([key, *(f"token-{i}-abcdefghij" for i in range(20))])
+    chunk = "an ordinary line of output, nothing secret in it at all " * 73
+    started = time.perf_counter()
+    for _ in range(256):  # a MiB, as the sandbox reads it
+        assert masker.feed(chunk) == chunk
+    assert time.perf_counter() - started < 5
