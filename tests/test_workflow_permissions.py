@@ -10,9 +10,14 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.test import Client
 
+from connections.models import SlackConnection
+from puppet_connection.models import PuppetConnection
 from tests.conftest import client_for
+from tests.events_helpers import post
 from tests.test_api_permissions import user_with
+from tests.test_connection_api import assert_problem
 from tests.test_workflow_admin import form, logged_in
+from tests.test_workflow_webhooks import hook
 from tests.workflow_helpers import NOOP, make_workflow, steps_of
 from triggers.models import Trigger
 from workflows import engine
@@ -322,3 +327,93 @@ def test_the_permission_table(row, column, door, cell, world):
         if cell == "Y":
             assert response.status_code in (200, 302), response.content
     assert done == (cell == "Y"), f"{row} / {column} / {door}: {response.status_code}"
+
+
+# Around the table -----------------------------------------------------------------------------
+
+
+def test_a_superuser_hands_a_workflow_over_and_its_old_trigger_tokens_stop(alice, bob, staff, bao):
+    made = client_for(alice).post("/api/workflows/", {"name": "wf", "source": SOURCE}, format="json").json()
+    old = {trigger["name"]: trigger for trigger in made["triggers"]}
+    assert hook(old["hook"]["url"], old["hook"]["token"], {"a": 1}).status_code == 202
+    workflow = Workflow.objects.get(pk=made["id"])
+
+    response = logged_in(staff).post(
+        f"/admin/workflows/workflow/{workflow.pk}/change/", form(bob, SOURCE, name="wf")
+    )
+    assert response.status_code == 302, response.content
+    assert Workflow.objects.get(pk=workflow.pk).owner == bob
+    # Alice's tokens would start runs that run with bob's connections: they are gone.
+    assert hook(old["hook"]["url"], old["hook"]["token"], {"a": 1}).status_code == 401
+    assert post(old["reports"]["token"], b"{}", "application/json").status_code == 401
+    assert set(workflow.push_triggers.values_list("owner__username", flat=True)) == {"bob"}
+    hook_id = workflow.push_triggers.get(name="hook").pk
+    assert client_for(alice).post(f"/api/triggers/{hook_id}/regenerate/").status_code == 404
+    new = client_for(bob).post(f"/api/triggers/{hook_id}/regenerate/").json()["token"]
+    assert hook(old["hook"]["url"], new, {"a": 1}).status_code == 202
+
+
+def test_a_rename_that_clashes_is_a_form_error_for_an_owner_without_the_owner_field(alice, bao):
+    alice.is_staff = True
+    alice.save()
+    make_workflow(alice, SOURCE, name="other")
+    workflow = make_workflow(alice, SOURCE, name="wf")
+    page = logged_in(alice).post(
+        f"/admin/workflows/workflow/{workflow.pk}/change/", form(alice, SOURCE, name="other")
+    )
+    assert (
+        page.status_code == 200
+        and "The owner already has a workflow with this name." in page.content.decode()
+    )
+    assert Workflow.objects.get(pk=workflow.pk).name == "wf"
+
+
+def test_the_admin_s_add_form_offers_a_non_superuser_only_themselves_as_owner(alice, bob):
+    carol = user_with("add_workflow")
+    page = logged_in(carol).get("/admin/workflows/workflow/add/").content.decode()
+    assert f'<option value="{carol.pk}" selected>carol</option>' in page
+    assert ">alice<" not in page and ">bob<" not in page
+    refused = logged_in(carol).post("/admin/workflows/workflow/add/", form(alice, SOURCE, name="theirs"))
+    assert refused.status_code == 200 and "Select a valid choice." in refused.content.decode()
+    assert not Workflow.objects.exists()
+    assert (
+        logged_in(carol).post("/admin/workflows/workflow/add/", form(carol, SOURCE, name="mine")).status_code
+        == 302
+    )
+    assert Workflow.objects.get(name="mine").owner == carol
+
+
+def test_a_superuser_makes_a_workflow_for_a_user_who_exists(staff, alice):
+    root = client_for(staff)
+    response = root.post("/api/workflows/?owner=nobody", {"name": "wf", "source": SOURCE}, format="json")
+    assert assert_problem(response, 400)["errors"][0]["pointer"] == "#/owner"
+    # Naming oneself is no other user.
+    own = client_for(alice).post(
+        "/api/workflows/?owner=alice", {"name": "wf", "source": SOURCE}, format="json"
+    )
+    assert own.status_code == 201 and own.json()["owner"] == "alice"
+    clash = root.post("/api/workflows/?owner=alice", {"name": "wf", "source": SOURCE}, format="json")
+    assert assert_problem(clash, 400)["errors"][0]["detail"] == "alice already has a workflow with this name."
+
+
+@pytest.mark.parametrize(
+    ("url", "model", "codename", "data"),
+    [
+        ("/admin/puppet_connection/puppetconnection/add/", PuppetConnection, "add_puppetconnection", {}),
+        ("/admin/triggers/trigger/add/", Trigger, "add_trigger", {}),
+        (
+            "/admin/connections/slackconnection/add/",
+            SlackConnection,
+            "add_slackconnection",
+            {"token": "xoxb-" + "1" * 40},
+        ),
+    ],
+    ids=["puppet connection", "trigger", "slack connection"],
+)
+def test_staff_with_the_add_permission_make_connections_and_triggers_for_themselves_only(
+    url, model, codename, data, alice, bao
+):
+    # Alice's workflows would use a connection named as theirs, with a token this user holds.
+    carol = logged_in(user_with(codename))
+    carol.post(url, {"name": "prod", "description": "", "owner": alice.pk, **data})
+    assert not model.objects.filter(owner=alice).exists()
