@@ -417,3 +417,18 @@ def test_staff_with_the_add_permission_make_connections_and_triggers_for_themsel
     carol = logged_in(user_with(codename))
     carol.post(url, {"name": "prod", "description": "", "owner": alice.pk, **data})
     assert not model.objects.filter(owner=alice).exists()
+
+
+def test_the_admin_deletes_a_workflow_only_when_its_runs_are_complete_as_the_api(world, staff):
+    admin = logged_in(staff)
+    url = f"/admin/workflows/workflow/{world.workflow.pk}/delete/"
+    page = admin.post(url, {"post": "yes"})
+    assert (
+        page.status_code == 200
+        and f"Run {world.run.pk} (in-progress): cancel it first" in page.content.decode()
+    )
+    assert Workflow.objects.filter(pk=world.workflow.pk).exists()
+    assert_problem(client_for(staff).delete("/api/workflows/wf/?owner=alice"), 409)
+    complete(world)
+    assert admin.post(url, {"post": "yes"}).status_code == 302
+    assert not Workflow.objects.exists() and not Trigger.objects.exists()  # its triggers went with it
