@@ -22,7 +22,7 @@ from enum import StrEnum
 
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.contrib.auth.models import AnonymousUser
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 
 from relay.api.permissions import may_for_all
 from workflows.models import StepRun, Workflow, WorkflowRun
@@ -65,15 +65,6 @@ def may(user: User, action: Action, workflow: Workflow) -> bool:
     return False  # CHANGE, RUN: the owner's alone
 
 
-def may_change_owner(user: User) -> bool:
-    return is_superuser(user)
-
-
-def may_make_for(user: User, owner: AbstractBaseUser) -> bool:
-    """A new workflow (or connection, trigger) is its maker's, unless a superuser says otherwise."""
-    return owner.pk == user.pk or is_superuser(user)
-
-
 def workflows_for(user: User, rows: QuerySet[Workflow]) -> QuerySet[Workflow]:
     """The workflows of `rows` that `user` may see."""
     if not user.is_active:
@@ -89,6 +80,7 @@ def runs_for(user: User, rows: QuerySet[WorkflowRun]) -> QuerySet[WorkflowRun]:
 
 
 def steps_for(user: User, rows: QuerySet[StepRun]) -> QuerySet[StepRun]:
+    """The steps of `rows` (approvals, in the admin) that `user` may see: as their runs."""
     if not user.is_active:
         return rows.none()
-    return rows if may_for_all(user, "view", WorkflowRun) else rows.filter(Q(run__workflow__owner=user.pk))
+    return rows if may_for_all(user, "view", WorkflowRun) else rows.filter(run__workflow__owner=user.pk)
