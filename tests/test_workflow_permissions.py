@@ -337,6 +337,8 @@ def test_a_superuser_hands_a_workflow_over_and_its_old_trigger_tokens_stop(alice
     old = {trigger["name"]: trigger for trigger in made["triggers"]}
     assert hook(old["hook"]["url"], old["hook"]["token"], {"a": 1}).status_code == 202
     workflow = Workflow.objects.get(pk=made["id"])
+    reports = workflow.push_triggers.get(name="reports")
+    reports.set_slack_webhook("https://hooks.slack.com/services/T0/B0/alices-channel")
 
     response = logged_in(staff).post(
         f"/admin/workflows/workflow/{workflow.pk}/change/", form(bob, SOURCE, name="wf")
@@ -347,6 +349,9 @@ def test_a_superuser_hands_a_workflow_over_and_its_old_trigger_tokens_stop(alice
     assert hook(old["hook"]["url"], old["hook"]["token"], {"a": 1}).status_code == 401
     assert post(old["reports"]["token"], b"{}", "application/json").status_code == 401
     assert set(workflow.push_triggers.values_list("owner__username", flat=True)) == {"bob"}
+    # Alice's Slack channel would hear of bob's reports: it goes with her.
+    reports = Trigger.objects.get(pk=reports.pk)
+    assert not reports.has_slack_webhook and set(bao.read(reports.vault_path)) == {"token"}
     hook_id = workflow.push_triggers.get(name="hook").pk
     assert client_for(alice).post(f"/api/triggers/{hook_id}/regenerate/").status_code == 404
     new = client_for(bob).post(f"/api/triggers/{hook_id}/regenerate/").json()["token"]
