@@ -1,6 +1,7 @@
 """Workflows (the document edited in place, its errors under it), their runs (steps with
-statuses, timings and outputs, the event that started them), and approvals with their
-approve and reject buttons (for users with workflows.approve_steprun; read-only to others).
+statuses, timings and outputs, sensitive ones masked, the event that started them), and
+approvals with their approve and reject buttons (for users with workflows.approve_steprun;
+read-only to others).
 
 Who may do what is workflows.permissions, as in the API: staff see and manage their own
 workflows, runs and approvals here whatever their permissions; other users' need the
