@@ -30,6 +30,7 @@ from scriptsteps.masking import Masker
 from scriptsteps.models import ScriptRun, ScriptStatus
 from stepruntime.credentials import grant
 from workflows import engine
+from workflows.dialect import imageref
 from workflows.models import StepRun
 from workflows.steps.base import Done, StepContext, Wait, image_name
 
@@ -68,6 +69,9 @@ def problem_with(ctx: StepContext, needs_program: bool = True) -> str:
             f"Step {ctx.step_name!r} has nothing to run: give `input` (shell lines) or `command` "
             f"(with `args`) for {image_name(ctx.image)}."
         )
+    image = imageref.problem_with(ctx.image)
+    if image:  # validation refuses it; a revision saved before it did is refused here
+        return f"image: {image}"
     bad = [name for name in ctx.env if not ENV_NAME.match(str(name))]
     if bad:
         return f"env.{bad[0]}: not a name an environment variable can have (letters, digits and _)."
