@@ -33,7 +33,6 @@ import os
 import shutil
 import socket
 import ssl
-import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -46,6 +45,7 @@ from django.conf import settings
 
 from relay import egress
 from relay.api.problems import PROBLEM_CONTENT_TYPE, problem
+from scriptsteps import mounts
 
 INSIDE_DIR = "/run/relay"
 RUNTIME_SOCKET = "runtime.sock"
@@ -76,7 +76,9 @@ HOP_BY_HOP = {
 # listening sockets until the program starts (a TCP socket counts once it listens or
 # connects, and nothing else runs yet); it is a few counters, where /proc/net/tcp walks the
 # kernel's socket tables on every read (dash reads a byte at a time: 10+ ms). A socat that
-# ended (it could not listen) ends the sandbox with 125, "could not be set up".
+# ended (it could not listen) ends the sandbox with 125, "could not be set up". Once they
+# listen, a byte on its stdin (a pipe's writing end, where dash's redirections reach only
+# fds 0-9) tells the worker that the sandbox started; the program's stdin is /dev/null.
 # $1: the runtime API's port, $2 the proxy's ("-" without one); then the program.
 WRAPPER = f"""\
 listen() {{
@@ -94,6 +96,7 @@ while :; do
     exit 125
   fi
 done
+printf x >&0; exec </dev/null
 exec "$@"
 """
 
@@ -283,7 +286,8 @@ class StepNetwork:
         self._active: set[asyncio.Task] = set()
 
     def __enter__(self) -> "StepNetwork":
-        self.directory = Path(tempfile.mkdtemp(prefix="relay-step-net-"))
+        # Under STEP_MOUNT_DIR: a directory every sandbox uid can reach (mounts.py).
+        self.directory = mounts.private_dir("net-")
         try:
             if self.uid is not None:
                 os.chown(self.directory, self.uid, self.gid if self.gid is not None else -1)

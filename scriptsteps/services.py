@@ -140,6 +140,8 @@ def follow(script: ScriptRun) -> Done | Wait:
         return _waiting(script)
     if script.success:
         return Done(True)
+    if script.system_error:
+        return Done(False, message=script.reason, system_error=True)
     if script.reason:
         return Done(False, message=script.reason)
     return Done(False, message=f"The script exited with status {script.exit_code}.")
@@ -206,19 +208,21 @@ def _execute(script: ScriptRun, worker: uuid.UUID) -> None:
             )
     except sandbox.SandboxUnavailable as exc:
         writer.close()
-        script.fail_to_start(str(exc))
+        script.fail_to_start(str(exc), system_error=True)
         return
     except Exception as exc:
         # Not the script's doing (the machine, a bug): said as such, at once, rather than
         # left for STEP_LOST_AFTER to find.
         log.exception("script of step %s: the sandbox failed", script.pk)
         writer.close()
-        script.finish(worker, None, f"The sandbox failed ({type(exc).__name__}: {exc}).", None)
+        script.finish(worker, None, f"The sandbox failed ({type(exc).__name__}: {exc}).", None, True)
         return
     writer.close()
     first = result.first_output_at
     first_ms = (first - result.spawned_at) * 1000 if first is not None else None
-    if not script.finish(worker, result.exit_code, writer.stopped or result.reason, first_ms):
+    reason = writer.stopped or result.reason
+    system_error = result.system_error and not writer.stopped
+    if not script.finish(worker, result.exit_code, reason, first_ms, system_error):
         log.info("script of step %s ended after it was declared lost", script.pk)
     log.info(
         "script of step %s exited %s in %.2fs%s",
