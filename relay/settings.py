@@ -352,8 +352,11 @@ WEBHOOK_PASS_THROUGH_IMAGES = env.list("WEBHOOK_PASS_THROUGH_IMAGES", default=["
 # Schedule triggers: how often beat looks for schedules that are due (seconds): a run starts
 # at most this late. Each look reads only the due rows, by an index.
 SCHEDULE_TICK_INTERVAL = env.float("SCHEDULE_TICK_INTERVAL", default=5.0)
-# Where users reach this service, for links in notifications.
-RELAY_PUBLIC_URL = env.str("RELAY_PUBLIC_URL", default="http://127.0.0.1:8000").rstrip("/")
+# Where users reach this service, for links in notifications, webhook URLs and a Puppet
+# connection's relayAPIURL: by default where `make run` listens (PORT).
+RELAY_PUBLIC_URL = env.str(
+    "RELAY_PUBLIC_URL", default=f"http://127.0.0.1:{env.int('PORT', default=8000)}"
+).rstrip("/")
 SLACK_TIMEOUT = env.float("SLACK_TIMEOUT", default=10.0)
 # Hosts a Slack webhook URL may name (https only). The connection is refused anyway when the
 # name resolves to a loopback, private, link-local, multicast or reserved address.
