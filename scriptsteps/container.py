@@ -6,10 +6,14 @@ UNTESTED here beyond the command line and the runtime's own failure (this machin
 docker CLI and no engine; README "Script steps" says exactly what): a runtime that runs is
 expected to behave as `podman run`/`docker run` document.
 
-- no network at all (`--network=none`, only the container's own loopback): the host's
-  network holds PostgreSQL, Redis and Vault on loopback. The sandbox's doors (the runtime
-  API's socket, the egress proxy) need a forwarder inside the container that an arbitrary
-  image does not have, so a container step reaches neither the runtime API nor the proxy;
+- no network (`--network=none`, only the container's own loopback): the host's network
+  holds PostgreSQL, Redis and Vault on loopback. The sandbox's doors instead, as Unix
+  sockets (network.StepNetwork, its directory bind-mounted read-only at /run/relay, mode 0700:
+  for the container's root): runtime.sock (the runtime API, STEP_RUNTIME_URL's paths checked)
+  and with STEP_NETWORK proxy.sock (the egress proxy). METADATA_API_URL is the sandbox's
+  (http://…@127.0.0.1:8000): an image that wants it listens there and forwards to
+  runtime.sock itself (as the sandbox's network.WRAPPER does with socat); an image that does
+  not reaches nothing at all;
 - the document's text never reads as an option: every option is written `--name=value` (its
   value cannot become an option), the image is an image reference (imageref: it cannot start
   with `-`), and it and the step's args come after `--`, which ends the options;
@@ -26,11 +30,12 @@ import re
 import subprocess
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol
 
 from django.conf import settings
 
-from scriptsteps import sandbox
+from scriptsteps import network, sandbox
 from workflows.dialect import imageref
 from workflows.steps.base import StepContext, image_name
 
@@ -58,6 +63,7 @@ def command(
     limits: sandbox.Limits,
     name: str,
     script_path: str | None,
+    doors: Path | None = None,
 ) -> list[str]:
     problem = imageref.problem_with(ctx.image)
     if problem:  # validation refuses it; a revision saved before it did is refused here
@@ -76,6 +82,8 @@ def command(
         "--cap-drop=ALL",
         "--security-opt=no-new-privileges",
     ]
+    if doors is not None:
+        args.append(f"--volume={doors}:{network.INSIDE_DIR}:ro")
     args += [f"--env={variable}" for variable in sorted(program.env) if ENV_NAME.fullmatch(variable)]
     if script_path is not None:
         args += [f"--volume={script_path}:{sandbox.SCRIPT_PATH}:ro", f"--entrypoint={sandbox.SCRIPT_PATH}"]
@@ -101,14 +109,15 @@ def run(runtime: str, ctx: StepContext, program: sandbox.Program, writer: Writer
         if variable in os.environ:
             env.setdefault(variable, os.environ[variable])
     try:
-        return sandbox.run_command(
-            command(runtime, ctx, program, limits, name, script_path),
-            env,
-            limits,
-            writer.feed,
-            tick=writer.tick,
-            kill_hook=_killer(runtime, name),
-        )
+        with network.StepNetwork(program.network) as doors:
+            return sandbox.run_command(
+                command(runtime, ctx, program, limits, name, script_path, doors.directory),
+                env,
+                limits,
+                writer.feed,
+                tick=writer.tick,
+                kill_hook=_killer(runtime, name),
+            )
     finally:
         _quietly([runtime, "rm", "-f", name])
         if script_path is not None:

@@ -195,9 +195,9 @@ def _execute(script: ScriptRun, worker: uuid.UUID) -> None:
         script.fail_to_start(f"The step could not be prepared ({type(exc).__name__}: {exc}).")
         return
     runtime = container.runtime_for(ctx.image)
-    # A sandbox reaches the runtime API through its own door (its network is its own); a
-    # container, at STEP_RUNTIME_URL.
-    url = grant(str(script.pk), None if runtime is not None else network.runtime_url_inside())
+    # A sandbox (or a container) reaches the runtime API through its own door: its network
+    # is its own.
+    url = grant(str(script.pk), network.runtime_url_inside())
     writer = LogWriter(script, worker, [*ctx.secrets, *_credentials_in(url)])
     try:
         if runtime is not None:

@@ -7,11 +7,12 @@ what is checked is the exact argv the service hands the runtime, and the validat
 the API."""
 
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from rest_framework.test import APIClient
 
-from scriptsteps import container, sandbox, services
+from scriptsteps import container, network, sandbox, services
 from workflows.dialect import imageref
 from workflows.steps.base import StepContext
 
@@ -144,10 +145,13 @@ def test_the_documents_text_is_never_an_option_of_the_runtime(runtime, fields):
     assert [o for o in options if o.startswith("--network")] == ["--network=none"]
 
 
-def test_a_script_in_a_container_has_no_network_either():
+def test_a_script_in_a_container_has_no_network_but_the_sandboxs_doors():
     program = sandbox.Program(argv=[], env={}, script="#!/bin/sh\necho hi\n", network=True)
-    argv = container.command("docker", context(), program, LIMITS, "n", "/srv/s.sh")
+    doors = Path("/run/relay-step-mounts/net-abc")
+    argv = container.command("docker", context(), program, LIMITS, "n", "/srv/s.sh", doors)
     assert "--network=none" in argv and not [a for a in argv if "host" in a]
+    # The runtime API's and the proxy's Unix sockets, read-only where the sandbox has them.
+    assert f"--volume={doors}:{network.INSIDE_DIR}:ro" in argv[: argv.index("--")]
     assert argv[-2:] == ["--", "debian:12"]
 
 
