@@ -39,8 +39,8 @@ _checked: set[Path] = set()
 
 def root() -> Path:
     """STEP_MOUNT_DIR, made (0755) and checked: owned by this worker, writable by it alone,
-    and every directory above it searchable by others (the sandbox's uid is neither their
-    owner nor in their group)."""
+    and, under a root worker, every directory above it searchable by others (the sandbox's
+    uid is neither their owner nor in their group)."""
     path = Path(settings.STEP_MOUNT_DIR)
     with _lock:
         if path in _checked and path.is_dir():
@@ -56,7 +56,8 @@ def root() -> Path:
                 "else may write to."
             )
         os.chmod(path, 0o755)  # noqa: S103 (read by the sandboxes' uids; nothing secret)
-        for parent in path.resolve().parents:
+        # A root worker's sandboxes run as uids of their own; another's, as the worker.
+        for parent in path.resolve().parents if os.geteuid() == 0 else ():
             if not parent.stat().st_mode & stat.S_IXOTH:
                 raise Unreachable(
                     f"The sandboxes' uid cannot reach STEP_MOUNT_DIR ({path}): {parent} is mode "
