@@ -38,6 +38,11 @@ class IsTrigger(_HoldsToken):
     prefix = "rlyt"
 
 
+def is_superuser(user: AbstractBaseUser | AnonymousUser) -> bool:
+    # As for any other permission, the admin's rule: nothing without staff status.
+    return bool(user.is_active and user.is_staff and user.is_superuser)
+
+
 def may_for_all(user: AbstractBaseUser | AnonymousUser, action: str, model: type[Model]) -> bool:
     """Whether the admin would let `user` do `action` (view, change, delete) to any row of
     `model`, whoever owns it."""
