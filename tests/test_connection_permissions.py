@@ -14,8 +14,11 @@ from django.test import Client
 from connections.models import Connection, SlackConnection
 from puppet_connection.models import PuppetConnection
 from relay.tokens import LEAK_RE
+from runs.models import Run
 from tests.conftest import bridge, client_for
+from tests.runs_helpers import create_run
 from tests.test_api_permissions import user_with
+from tests.test_connection_api import assert_problem
 from tests.test_workflow_admin import logged_in
 
 SLACK_TOKEN = "xoxb-1111111111-2222222222222-AbCdEfGhIjKlMnOpQrStUvWx"
@@ -253,3 +256,61 @@ def test_the_permission_table(kind, row, column, door, cell, alice, bob, bao):
         if cell == "N" and column != "make_for":
             assert response.status_code == 403
     assert done == (cell == "Y"), f"{kind} / {row} / {column} / {door}: {response.status_code}"
+
+
+# Around the table -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", list(TYPES))
+def test_the_api_makes_a_connection_for_the_requester_whatever_owner_the_body_names(kind, alice, staff, bao):
+    body = {"name": "new", "owner": "alice"} | ({"token": SLACK_TOKEN} if kind == "slack" else {})
+    made = client_for(staff).post(API[kind], body, format="json")
+    assert made.status_code == 201 and made.json()["owner"] == "root"
+    assert not TYPES[kind].objects.filter(owner=alice).exists()
+
+
+@pytest.mark.parametrize("kind", list(TYPES))
+def test_a_refusal_says_whose_the_connection_is(kind, alice, bob, bao):
+    world = world_of(kind, alice, bob)
+    api = client_for(user_with(*codenames(kind, "change")))
+    problem = assert_problem(api.patch(world.api_url, {"name": "renamed"}, format="json"), 403)
+    assert "only its owner or a superuser may change it" in problem["detail"]
+    assert "may not delete another user's" in assert_problem(api.delete(world.api_url), 403)["detail"]
+
+
+def test_the_regenerate_link_shows_only_to_who_may_follow_it(alice, bob, bao):
+    world = world_of("puppet", alice, bob)
+    viewer = logged_in(user_with(*codenames("puppet", "view", "change")))
+    page = viewer.get(f"{world.admin_url}change/").content.decode()
+    assert "fleet" in page and "Regenerate token" not in page
+    alice.is_staff = True
+    alice.save()
+    assert "Regenerate token" in logged_in(alice).get(f"{world.admin_url}change/").content.decode()
+
+
+@pytest.mark.parametrize("kind", list(TYPES))
+def test_the_admin_s_delete_action_deletes_only_what_its_user_may_delete(kind, alice, bob, bao):
+    world = world_of(kind, alice, bob)
+    carol = user_with(*codenames(kind, "view", "change"))
+    mine, _ = make_connection(kind, carol)
+    admin = logged_in(carol)
+    action = {"action": "delete_selected", "post": "yes"}
+    # Alice's among them: nothing is deleted, carol's own neither.
+    refused = admin.post(ADMIN[kind], {**action, "_selected_action": [world.connection.pk, mine.pk]})
+    assert refused.status_code == 403
+    assert TYPES[kind].objects.count() == 2
+    # Her own, whatever her permissions: as in the API.
+    assert admin.post(ADMIN[kind], {**action, "_selected_action": [mine.pk]}).status_code == 302
+    assert list(TYPES[kind].objects.all()) == [world.connection]
+
+
+def test_an_owner_deletes_their_puppet_connection_with_its_runs_in_the_admin_as_in_the_api(alice, bob, bao):
+    world = world_of("puppet", alice, bob)
+    create_run(world.token)
+    alice.is_staff = True  # without any permission of runs or connections
+    alice.save()
+    admin = logged_in(alice)
+    page = admin.get(f"{world.admin_url}delete/")
+    assert page.status_code == 200 and "permission" not in page.content.decode().lower()
+    assert admin.post(f"{world.admin_url}delete/", {"post": "yes"}).status_code == 302
+    assert not PuppetConnection.objects.exists() and not Run.objects.exists()
