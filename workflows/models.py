@@ -250,6 +250,15 @@ class Conflict(Exception):
     """The request does not fit the run's or step's current state; the message says why."""
 
 
+class OverBudget(Exception):
+    """More than a budget allows (README "Budgets"); the message says which and how much.
+    `size`: a budget of bytes (a 413 for the API), else of a count (a 429)."""
+
+    def __init__(self, message: str, size: bool) -> None:
+        super().__init__(message)
+        self.size = size
+
+
 class WorkflowRun(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="runs")
@@ -276,6 +285,13 @@ class WorkflowRun(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
+    # A run a step started (the step runtime's POST /workflows/{name}/run): that step, and
+    # how deep the run is in such a chain (0: started by a user, a trigger or a schedule),
+    # bounded by RUN_MAX_DEPTH.
+    parent_step = models.ForeignKey(
+        "StepRun", null=True, blank=True, on_delete=models.SET_NULL, related_name="started_runs"
+    )
+    depth = models.PositiveSmallIntegerField(default=0)
 
     class Meta:
         ordering = ["-created_at"]
@@ -361,6 +377,21 @@ class JSONMerge(models.Func):
             pairs.append("%s, json(%s)")
             values += [f'$."{key}"', json.dumps(value)]
         return f"json_set(COALESCE({column}, '{{}}'), {', '.join(pairs)})", [*params, *values]
+
+
+class JSONBytes(models.Func):
+    """The size in bytes of a JSON expression's text, computed by the database (PostgreSQL:
+    jsonb's own text form, `{"a": 1}`), for budgets checked in the UPDATE that spends them."""
+
+    output_field = models.BigIntegerField()
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        sql, params = compiler.compile(self.source_expressions[0])
+        return f"octet_length(({sql})::text)", list(params)
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        sql, params = compiler.compile(self.source_expressions[0])
+        return f"length(CAST({sql} AS BLOB))", list(params)
 
 
 class StepKind(models.TextChoices):
@@ -553,20 +584,33 @@ class StepRun(models.Model):
     # in the database (JSONMerge) and only while the step is in progress.
 
     def put_output(self, name: str, value: Any) -> bool:
-        """Set one output while the step runs; False when it has ended."""
-        return bool(
-            StepRun.objects.filter(pk=self.pk, status=StepStatus.IN_PROGRESS).update(
-                outputs=JSONMerge("outputs", {name: value})
-            )
-        )
+        """Set one output while the step runs; False when it has ended. Raises OverBudget
+        when the step's outputs together would be larger than STEP_OUTPUTS_MAX_BYTES."""
+        return self._merge_within("outputs", name, value, settings.STEP_OUTPUTS_MAX_BYTES)
 
     def put_decorator(self, name: str, value: dict[str, Any]) -> bool:
         """Set one UI decorator (`{"type": "link", …}`) while the step runs; False when it
-        has ended."""
-        return bool(
-            StepRun.objects.filter(pk=self.pk, status=StepStatus.IN_PROGRESS).update(
-                decorators=JSONMerge("decorators", {name: value})
-            )
+        has ended. Raises OverBudget past STEP_DECORATORS_MAX_BYTES, as put_output."""
+        return self._merge_within("decorators", name, value, settings.STEP_DECORATORS_MAX_BYTES)
+
+    def _merge_within(self, column: str, name: str, value: Any, budget: int) -> bool:
+        # The size is checked in the UPDATE's WHERE, on the merged value: PostgreSQL checks
+        # it again on the row a concurrent writer left (READ COMMITTED re-evaluates the
+        # WHERE after the row lock), so two PUTs at once can never both fit past the budget.
+        merged = JSONMerge(column, {name: value})
+        if StepRun.objects.filter(
+            models.lookups.LessThanOrEqual(JSONBytes(merged), budget),
+            pk=self.pk,
+            status=StepStatus.IN_PROGRESS,
+        ).update(**{column: merged}):
+            return True
+        if not StepRun.objects.filter(pk=self.pk, status=StepStatus.IN_PROGRESS).exists():
+            return False
+        setting = {"outputs": "STEP_OUTPUTS_MAX_BYTES", "decorators": "STEP_DECORATORS_MAX_BYTES"}[column]
+        raise OverBudget(
+            f"The step's {column} together would be larger than {budget} bytes of JSON "
+            f"({setting}); {name!r} was not set.",
+            size=True,
         )
 
     def take_wake(self) -> bool:
