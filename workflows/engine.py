@@ -29,6 +29,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import models, transaction
 from django.db.models import Exists, Max, OuterRef
 from django.utils import timezone
@@ -43,6 +44,7 @@ from workflows.dialect.workflow import Step as StepSpec
 from workflows.dialect.workflow import Workflow as ParsedWorkflow
 from workflows.models import (
     RESOLVED,
+    OverBudget,
     RunOutcome,
     RunStatus,
     StepKind,
@@ -115,13 +117,18 @@ def create_run(
     unbound: Mapping[str, str] | None = None,
     schedule: Any = None,
     scheduled_for: datetime | None = None,
+    parent_step: StepRun | None = None,
 ) -> WorkflowRun:
     """Start a run of `revision`, by default the workflow's newest.
 
-    With `strict` (the API), parameters it cannot start with raise ParameterError and
-    nothing is made. Without (a trigger's event), the run is made and fails at once, every
+    With `strict` (the API, a step), parameters it cannot start with raise ParameterError,
+    and an owner with RUN_MAX_IN_PROGRESS runs not complete raises OverBudget; nothing is
+    made. Without (a trigger's event, a schedule), the run is made and fails at once, every
     step `skipped`, with the reason in its message: the event's run is on record. So does
-    one with `unbound` parameters (name → why a trigger's binding gave it no value)."""
+    one with `unbound` parameters (name → why a trigger's binding gave it no value).
+
+    A run a step starts (`parent_step`) is one deeper than the step's run; past
+    RUN_MAX_DEPTH it raises OverBudget."""
     revision = revision or workflow.latest_revision()
     if revision is None:
         raise ValueError(f"workflow {workflow.pk} has no revision")
@@ -137,7 +144,23 @@ def create_run(
         problem = " ".join(
             [problem, *(f"The trigger's binding of {name!r} failed: {why}." for name, why in unbound.items())]
         ).strip()
+    depth = parent_step.run.depth + 1 if parent_step is not None else 0
+    if depth > settings.RUN_MAX_DEPTH:
+        raise OverBudget(
+            f"A run started by a step may be at most {settings.RUN_MAX_DEPTH} runs deep "
+            f"(RUN_MAX_DEPTH); this one would be {depth} deep.",
+            size=False,
+        )
     with transaction.atomic():
+        busy = runs_in_progress(workflow.owner_id, lock=True)
+        if busy >= settings.RUN_MAX_IN_PROGRESS:
+            why = (
+                f"Its owner has {busy} runs in progress, the most one owner may have "
+                f"(RUN_MAX_IN_PROGRESS); start it again when some have ended."
+            )
+            if strict:
+                raise OverBudget(why, size=False)
+            problem = f"Not started: {why} {problem}".strip()
         run = WorkflowRun.objects.create(
             workflow=workflow,
             revision=revision,
@@ -146,6 +169,8 @@ def create_run(
             schedule=schedule,
             scheduled_for=scheduled_for,
             created_by=created_by,
+            parent_step=parent_step,
+            depth=depth,
         )
         StepRun.objects.bulk_create(
             StepRun(
@@ -164,6 +189,17 @@ def create_run(
             _queue(tasks.start_run, run.pk)
     log.info("workflow run %s of %s created", run.pk, workflow.pk)
     return run
+
+
+def runs_in_progress(owner_id: Any, lock: bool = False) -> int:
+    """How many of the owner's runs are not complete. With `lock` (in a transaction), the
+    owner's row is locked first, so that runs made at once for one owner are counted one
+    after the other and never pass RUN_MAX_IN_PROGRESS together."""
+    if lock:
+        list(get_user_model().objects.select_for_update().filter(pk=owner_id).values_list("pk", flat=True))
+    return WorkflowRun.objects.filter(
+        workflow__owner_id=owner_id, status__in=[RunStatus.INITIALIZING, RunStatus.IN_PROGRESS]
+    ).count()
 
 
 def start_run(run_id: str) -> None:

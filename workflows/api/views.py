@@ -30,6 +30,7 @@ from rest_framework.views import APIView
 
 from connections.models import name_validator
 from relay.api.exceptions import Conflict as ConflictError
+from relay.api.exceptions import TooManyRequests
 from relay.api.params import query_int, query_text
 from relay.api.permissions import may_for_all
 from relay.api.problems import PROBLEM_CONTENT_TYPE, problem
@@ -51,6 +52,7 @@ from workflows.dialect.problems import DocumentError, Problem
 from workflows.dialect.validate import validate
 from workflows.models import (
     Conflict,
+    OverBudget,
     RunStatus,
     StepRun,
     Workflow,
@@ -253,12 +255,13 @@ class WorkflowViewSet(viewsets.GenericViewSet):
 
     @extend_schema(
         request=WorkflowRunCreateSerializer,
-        responses={201: WorkflowRunSerializer, 400: PROBLEM},
+        responses={201: WorkflowRunSerializer, 400: PROBLEM, 429: PROBLEM},
         parameters=[OWNER_PARAMETER],
     )
     def runs(self, request: Request, name: str) -> Response:
         """Start a run of the newest revision. A required parameter without a value, or one
-        the workflow does not declare, is a 400 pointing at `#/parameters/<name>`."""
+        the workflow does not declare, is a 400 pointing at `#/parameters/<name>`; a 429 when
+        the workflow's owner has RUN_MAX_IN_PROGRESS runs not complete."""
         workflow = self.get_object()
         if workflow.owner_id != request.user.pk and not may_for_all(request.user, "add", WorkflowRun):
             raise exceptions.PermissionDenied("You may not start runs of another user's workflow.")
@@ -276,6 +279,8 @@ class WorkflowViewSet(viewsets.GenericViewSet):
                 for name in exc.unknown
             }
             raise exceptions.ValidationError({"parameters": errors}) from None
+        except OverBudget as exc:
+            raise TooManyRequests(str(exc), code="runs_in_progress_exceeded") from None
         return Response(WorkflowRunSerializer(_run(run.pk)).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=SecretSerializer, responses={204: None}, parameters=[OWNER_PARAMETER])
