@@ -210,6 +210,10 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "TriggerKindEnum": "triggers.models.TriggerKind",
         "StepKindEnum": "workflows.models.StepKind",
+        # A run and its steps appear whole and as summaries (the runs list): one enum each.
+        "StepRunStatusEnum": "workflows.models.StepStatus",
+        "WorkflowRunStatusEnum": "workflows.models.RunStatus",
+        "WorkflowRunOutcomeEnum": "workflows.models.RunOutcome",
     },
 }
 

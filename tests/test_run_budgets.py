@@ -132,3 +132,31 @@ def test_a_scheduled_run_past_the_owners_budget_fails_at_once_saying_why(alice, 
     assert set(run.steps.values_list("status", flat=True)) == {"skipped"}
     # It is on record, and counts for nothing: the owner's one run in progress is still one.
     assert engine.runs_in_progress(alice.pk) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_listings_leave_outputs_to_each_runs_own_page(alice, live_server):
+    workflow = make_workflow(alice, CHAIN, "chain")
+    runs = [engine.create_run(workflow, {}, created_by=alice) for _ in range(3)]
+    big = "o" * (1024 * 1024)
+    for run in runs:
+        held = start_step(run, "s", base=live_server.url)
+        relay = Interface(api_url=held.url)
+        relay.outputs.set("big", big)
+        relay.decorators.set_link("pr", "The pull request", "https://example.com/pr/7")
+    headers = {"Authorization": f"Token {api_token_for(alice)}"}
+
+    listing = requests.get(f"{live_server.url}/api/workflow-runs/", headers=headers, timeout=60)
+    assert listing.status_code == 200
+    assert len(listing.content) < 10_000
+    listed = listing.json()["results"]
+    assert len(listed) == 3
+    for run in listed:
+        (step,) = run["steps"]
+        assert step["name"] == "s" and step["status"] == "in-progress"
+        assert "outputs" not in step and "decorators" not in step
+
+    detail = requests.get(f"{live_server.url}/api/workflow-runs/{runs[0].pk}/", headers=headers, timeout=60)
+    (step,) = detail.json()["steps"]
+    assert step["outputs"] == {"big": big}
+    assert step["decorators"]["pr"]["uri"] == "https://example.com/pr/7"

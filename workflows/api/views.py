@@ -14,7 +14,7 @@ A workflow is named in the path; it is the requester's own, or with `?owner=<use
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import QuerySet
+from django.db.models import Prefetch, QuerySet
 from drf_spectacular.utils import (
     OpenApiExample,
     OpenApiParameter,
@@ -45,6 +45,7 @@ from workflows.api.serializers import (
     WorkflowCreateSerializer,
     WorkflowRunCreateSerializer,
     WorkflowRunSerializer,
+    WorkflowRunSummarySerializer,
     WorkflowSerializer,
     WorkflowUpdateSerializer,
 )
@@ -338,15 +339,17 @@ def _run(run_id: Any) -> WorkflowRun:
 
 @extend_schema_view(
     list=extend_schema(
+        responses=WorkflowRunSummarySerializer(many=True),
         parameters=[
             OpenApiParameter("workflow", str, description="A workflow's name."),
             OpenApiParameter("status", enum=[s.value for s in RunStatus]),
             OpenApiParameter("owner", str, description="The workflow owner's username."),
-        ]
+        ],
     ),
 )
 class WorkflowRunViewSet(viewsets.GenericViewSet):
-    """Runs, newest first: their status and outcome (RFC 0005), parameters and steps."""
+    """Runs, newest first: their status and outcome (RFC 0005), parameters and steps. The
+    list leaves the steps' outputs and decorators to each run's own page."""
 
     queryset = WorkflowRun.objects.none()  # the model, for the schema; get_queryset() scopes
     serializer_class = WorkflowRunSerializer
@@ -354,9 +357,13 @@ class WorkflowRunViewSet(viewsets.GenericViewSet):
 
     def get_queryset(self) -> QuerySet[WorkflowRun]:
         user = self.request.user
+        steps = StepRun.objects.select_related("decided_by")
+        if self.action == "list":
+            # Not even read: a step's outputs may be megabytes (STEP_OUTPUTS_MAX_BYTES).
+            steps = steps.defer("outputs", "decorators", "state")
         runs = WorkflowRun.objects.select_related(
             "workflow__owner", "revision", "created_by"
-        ).prefetch_related("steps__decided_by")
+        ).prefetch_related(Prefetch("steps", queryset=steps))
         if not may_for_all(user, "view", WorkflowRun):
             runs = runs.filter(workflow__owner=user)
         return runs
@@ -372,7 +379,7 @@ class WorkflowRunViewSet(viewsets.GenericViewSet):
                 raise exceptions.ValidationError({"status": [f"One of {', '.join(RunStatus.values)}."]})
             runs = runs.filter(status=wanted)
         page = self.paginate_queryset(runs)
-        return self.get_paginated_response(WorkflowRunSerializer(page, many=True).data)
+        return self.get_paginated_response(WorkflowRunSummarySerializer(page, many=True).data)
 
     def retrieve(self, request: Request, pk: str) -> Response:
         return Response(WorkflowRunSerializer(self.get_object()).data)
