@@ -20,7 +20,7 @@ from relay import vault
 from runs.models import Run
 from scriptsteps import services as scripts
 from workflows import engine
-from workflows.dialect.validate import validate
+from workflows.dialect.validate import parse, validate
 from workflows.models import (
     Approval,
     Conflict,
@@ -111,6 +111,19 @@ class WorkflowForm(forms.ModelForm):
                 ]
             )
         return source
+
+    def clean(self) -> dict[str, Any]:
+        # The owner's budget of schedule triggers (Workflow.add_revision checks it again
+        # under a lock): said on the form, not as an error page.
+        cleaned = super().clean()
+        owner, source = cleaned.get("owner"), cleaned.get("source")
+        if owner is not None and source is not None:
+            workflow = self.instance
+            had = workflow.schedule_names() if workflow.pk else set()
+            problems = workflow.owner_schedule_problems(owner.pk, source, parse(source), had)
+            for p in problems:
+                self.add_error("source", f"Line {p.line}, column {p.column} ({p.pointer}): {p.detail}")
+        return cleaned
 
 
 class SecretForm(forms.ModelForm):

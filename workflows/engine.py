@@ -21,15 +21,18 @@ condition on its status in a later step's `when` was true (that step lists it in
 `excused`); a step in `system-error` stops the run, which ends `system-error`.
 """
 
+import gc
 import logging
+import sys
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
-from functools import lru_cache
+from types import BuiltinFunctionType, CodeType, FunctionType, MethodType, ModuleType
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.db import models, transaction
 from django.db.models import Exists, Max, OuterRef
 from django.utils import timezone
@@ -54,6 +57,7 @@ from workflows.models import (
     WorkflowRevision,
     WorkflowRun,
     WorkflowSecret,
+    lock_owner,
 )
 from workflows.steps import registry
 from workflows.steps.base import Done, Outcome, StepContext, Wait
@@ -64,12 +68,66 @@ log = logging.getLogger(__name__)
 # Documents -----------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=256)
-def parsed(revision_id: int) -> ParsedWorkflow:
-    """A revision's document as the engine uses it. Revisions never change, so each process
-    parses each one once (a published workflow takes about 4 ms, 200 steps 0.2 s)."""
-    source = WorkflowRevision.objects.values_list("source", flat=True).get(pk=revision_id)
-    return validate.parse(source)
+class ParsedCache:
+    """Revisions' documents as the engine uses them, by revision id. Revisions never change,
+    so each process parses each one once (a published workflow takes about 4 ms, 200 steps
+    0.2 s) and keeps the ones used last, up to PARSED_CACHE_MAX_BYTES of them: a 1 MiB
+    document's parse holds 2 to 7 MB, a small one's 10 KB, so a count of entries bounds
+    nothing. Each entry is weighed once, by walking what it holds (footprint: 2-5% of the
+    parse's time); one heavier than the whole budget is parsed each time, never kept."""
+
+    def __init__(self) -> None:
+        self.entries: OrderedDict[int, tuple[ParsedWorkflow, int]] = OrderedDict()
+        self.bytes = 0
+        self.lock = threading.Lock()  # the web's threads share it
+
+    def __call__(self, revision_id: int) -> ParsedWorkflow:
+        with self.lock:
+            kept = self.entries.get(revision_id)
+            if kept is not None:
+                self.entries.move_to_end(revision_id)
+                return kept[0]
+        source = WorkflowRevision.objects.values_list("source", flat=True).get(pk=revision_id)
+        document = validate.parse(source, stored=True)
+        size = footprint(document)
+        budget = settings.PARSED_CACHE_MAX_BYTES
+        with self.lock:
+            if size <= budget and revision_id not in self.entries:
+                self.entries[revision_id] = (document, size)
+                self.bytes += size
+                while self.bytes > budget:
+                    _, (_, dropped) = self.entries.popitem(last=False)
+                    self.bytes -= dropped
+        return document
+
+    def clear(self) -> None:
+        with self.lock:
+            self.entries.clear()
+            self.bytes = 0
+
+
+_NOT_HELD = (type, ModuleType, FunctionType, BuiltinFunctionType, MethodType, CodeType)
+
+
+def footprint(root: Any) -> int:
+    """The bytes `root` and what it refers to take (sys.getsizeof of each object once;
+    classes, modules and functions are shared, not held). About 0.8 to 1.0 of what
+    tracemalloc counts for a parsed document (the allocator's own overhead is not seen)."""
+    seen: set[int] = set()
+    stack = [root]
+    total = 0
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, _NOT_HELD):
+            continue
+        seen.add(id(obj))
+        total += sys.getsizeof(obj)
+        if not isinstance(obj, str | bytes | int | float):
+            stack.extend(gc.get_referents(obj))
+    return total
+
+
+parsed = ParsedCache()
 
 
 # Creating a run ------------------------------------------------------------------------------
@@ -196,7 +254,7 @@ def runs_in_progress(owner_id: Any, lock: bool = False) -> int:
     owner's row is locked first, so that runs made at once for one owner are counted one
     after the other and never pass RUN_MAX_IN_PROGRESS together."""
     if lock:
-        list(get_user_model().objects.select_for_update().filter(pk=owner_id).values_list("pk", flat=True))
+        lock_owner(owner_id)
     return WorkflowRun.objects.filter(
         workflow__owner_id=owner_id, status__in=[RunStatus.INITIALIZING, RunStatus.IN_PROGRESS]
     ).count()

@@ -78,8 +78,47 @@ class Workflow(models.Model):
             last = self.revisions.aggregate(last=models.Max("number"))["last"] or 0
             revision = self.revisions.create(number=last + 1, source=source, created_by=user)
             revision.new_triggers = self.sync_token_triggers(document)
+            had = self.schedule_names()
             self.sync_schedules(document)
+            # Last, under the owner's row lock (taken after the rows above, as the engine
+            # takes it after a schedule's or an event's): two saves at once count in turn.
+            lock_owner(self.owner_id)
+            problems = self.owner_schedule_problems(self.owner_id, source, document, had)
+            if problems:
+                raise DocumentError(problems)
             return revision
+
+    def schedule_names(self) -> set[str]:
+        from triggers.models import Schedule
+
+        return set(Schedule.objects.filter(workflow_id=self.pk).values_list("name", flat=True))
+
+    def owner_schedule_problems(
+        self, owner_id: Any, source: str, document: ParsedWorkflow, had: set[str]
+    ) -> list[Any]:
+        """Whether saving `document` here leaves `owner_id` with more than SCHEDULES_PER_OWNER
+        schedule triggers across their workflows: the problem at the first schedule past
+        them, or none. `had`: the names of the workflow's schedules before. A document that
+        adds no schedule is never refused (an owner past a lowered budget may still save)."""
+        from triggers.models import Schedule
+
+        mine = [trigger for trigger in document.triggers if trigger.kind == "schedule"]
+        if all(trigger.name in had for trigger in mine):
+            return []
+        others = Schedule.objects.filter(workflow__owner_id=owner_id)
+        if self.pk:
+            others = others.exclude(workflow_id=self.pk)
+        most, elsewhere = settings.SCHEDULES_PER_OWNER, others.count()
+        room = max(most - elsewhere, 0)
+        if len(mine) <= room:
+            return []
+        return [
+            yamlload.load(source).problem(
+                mine[room].pointer,
+                f"An owner has at most {most} schedule triggers across their workflows "
+                f"(SCHEDULES_PER_OWNER); with this document there would be {elsewhere + len(mine)}.",
+            )
+        ]
 
     def sync_token_triggers(self, document: ParsedWorkflow) -> tuple[NewTrigger, ...]:
         """Make the push and webhook triggers (triggers.Trigger) the document declares and
@@ -134,6 +173,15 @@ class Workflow(models.Model):
             Schedule.objects.create(
                 workflow=self, name=name, schedule=text, next_due=cron.parse(text).next_after(now)
             )
+
+
+def lock_owner(owner_id: Any) -> None:
+    """Lock a user's row until the transaction ends: what counts an owner's budgets (their
+    schedules, their runs in progress) and adds to them does so one at a time. Take it after
+    any other row lock, so that no two transactions wait for each other."""
+    from django.contrib.auth import get_user_model
+
+    list(get_user_model().objects.select_for_update().filter(pk=owner_id).values_list("pk", flat=True))
 
 
 def _image(spec: "ParsedTrigger") -> str:
@@ -195,7 +243,7 @@ class WorkflowRevision(models.Model):
 
     def parsed(self) -> ParsedWorkflow:
         """The document as the engine uses it (it was valid when saved)."""
-        return validate.parse(self.source)
+        return validate.parse(self.source, stored=True)
 
 
 # Runs -----------------------------------------------------------------------------------------
