@@ -14,7 +14,7 @@ from relay_sdk import Interface
 from tests.conftest import api_token_for, client_for
 from tests.runtime_helpers import start_step
 from tests.workflow_helpers import NOOP, make_workflow
-from triggers.models import Schedule
+from triggers.models import Event, EventState, Schedule, Trigger, WorkflowStart
 from workflows import engine, services
 from workflows.models import WorkflowRun
 
@@ -33,6 +33,10 @@ steps:
 - name: s
   image: {NOOP}
 """
+
+NOT_STARTED = (
+    "Not started: its owner has the most runs in progress one owner may have, 1 (RUN_MAX_IN_PROGRESS);"
+)
 
 
 def assert_problem(response: requests.Response, status: int, code: str, *words: str) -> None:
@@ -77,7 +81,10 @@ def test_the_api_answers_429_past_the_owners_runs_in_progress(alice, bob, settin
     assert response["Content-Type"] == "application/problem+json"
     body = response.json()
     assert body["type"] == "urn:relay:problem:runs_in_progress_exceeded"
-    assert "2 runs in progress" in body["detail"] and "RUN_MAX_IN_PROGRESS" in body["detail"]
+    assert body["detail"] == (
+        "Its owner has the most runs in progress one owner may have, 2 (RUN_MAX_IN_PROGRESS); "
+        "start it again when some have ended."
+    )
     assert WorkflowRun.objects.filter(workflow__owner=alice).count() == 2
 
     # Another owner's runs are theirs to count.
@@ -128,10 +135,42 @@ def test_a_scheduled_run_past_the_owners_budget_fails_at_once_saying_why(alice, 
     assert run is not None
     run.refresh_from_db()
     assert (run.status, run.outcome) == ("complete", "failure")
-    assert "1 runs in progress" in run.message and "RUN_MAX_IN_PROGRESS" in run.message
+    assert run.message.startswith(
+        "Not started: its owner has the most runs in progress one owner may have, 1 "
+    )
     assert set(run.steps.values_list("status", flat=True)) == {"skipped"}
     # It is on record, and counts for nothing: the owner's one run in progress is still one.
     assert engine.runs_in_progress(alice.pk) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_webhooks_run_past_the_owners_budget_fails_at_once_saying_why(alice, settings):
+    settings.RUN_MAX_IN_PROGRESS = 1
+    source = (
+        "apiVersion: v1\ntriggers:\n- name: hook\n"
+        "  source: {type: webhook, image: relaysh/stdlib-trigger-json}\n"
+        f"steps:\n- name: s\n  image: {NOOP}\n"
+    )
+    workflow = make_workflow(alice, source, "hooked")
+    engine.create_run(workflow, {}, created_by=alice)
+    event = Event.objects.create(
+        trigger=Trigger.objects.get(workflow=workflow),
+        state=EventState.MATCHED,
+        body_format="json",
+        body_sha256="0" * 64,
+        body_size=2,
+        data={},
+        workflow_start=WorkflowStart.PENDING,
+    )
+    run = services.start_run_for_event(str(event.pk))
+    assert run is not None
+    run.refresh_from_db()
+    assert (run.status, run.outcome, run.event_id) == ("complete", "failure", event.pk)
+    assert run.message.startswith(
+        "Not started: its owner has the most runs in progress one owner may have, 1 "
+    )
+    event.refresh_from_db()
+    assert event.workflow_start == WorkflowStart.STARTED
 
 
 @pytest.mark.django_db(transaction=True)

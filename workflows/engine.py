@@ -213,11 +213,11 @@ def create_run(
         busy = runs_in_progress(workflow.owner_id, lock=True)
         if busy >= settings.RUN_MAX_IN_PROGRESS:
             why = (
-                f"Its owner has {busy} runs in progress, the most one owner may have "
-                f"(RUN_MAX_IN_PROGRESS); start it again when some have ended."
+                f"its owner has the most runs in progress one owner may have, "
+                f"{settings.RUN_MAX_IN_PROGRESS} (RUN_MAX_IN_PROGRESS); start it again when some have ended."
             )
             if strict:
-                raise OverBudget(why, size=False)
+                raise OverBudget(why[0].upper() + why[1:], size=False)
             problem = f"Not started: {why} {problem}".strip()
         run = WorkflowRun.objects.create(
             workflow=workflow,
