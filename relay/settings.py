@@ -397,7 +397,7 @@ SCHEDULES_PER_WORKFLOW = env.int("SCHEDULES_PER_WORKFLOW", default=20)
 SCHEDULES_PER_OWNER = env.int("SCHEDULES_PER_OWNER", default=100)
 SCHEDULES_PER_TICK = env.int("SCHEDULES_PER_TICK", default=200)
 SCHEDULES_PER_OWNER_PER_TICK = env.int("SCHEDULES_PER_OWNER_PER_TICK", default=10)
-# What one step may send the step runtime API: its outputs together (their JSON), its runtime
+# What one step may send the step runtime API: its outputs together (as stored), its runtime
 # logs (POST /logs and their messages: records and bytes), its emitted events (count and
 # bytes of their JSON), its UI decorators together. 413 past a size, 429 past a count.
 STEP_OUTPUTS_MAX_BYTES = env.int("STEP_OUTPUTS_MAX_BYTES", default=4 * 1024 * 1024)

@@ -444,14 +444,16 @@ class JSONMerge(models.Func):
 
 
 class JSONBytes(models.Func):
-    """The size in bytes of a JSON expression's text, computed by the database (PostgreSQL:
-    jsonb's own text form, `{"a": 1}`), for budgets checked in the UPDATE that spends them."""
+    """The size in bytes of a JSON value, computed by the database, for budgets checked in
+    the UPDATE that spends them. PostgreSQL: the jsonb value's own size, uncompressed (about
+    its JSON text's: a string's bytes plus a 4-byte header where the text has 2 quotes), as
+    rendering it as text would cost three times as much on a large value; SQLite: its text."""
 
     output_field = models.BigIntegerField()
 
     def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
         sql, params = compiler.compile(self.source_expressions[0])
-        return f"octet_length(({sql})::text)", list(params)
+        return f"pg_column_size({sql})", list(params)
 
     def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
         sql, params = compiler.compile(self.source_expressions[0])
@@ -672,7 +674,7 @@ class StepRun(models.Model):
             return False
         setting = {"outputs": "STEP_OUTPUTS_MAX_BYTES", "decorators": "STEP_DECORATORS_MAX_BYTES"}[column]
         raise OverBudget(
-            f"The step's {column} together would be larger than {budget} bytes of JSON "
+            f"The step's {column} together would be larger than {budget} bytes as stored "
             f"({setting}); {name!r} was not set.",
             size=True,
         )
