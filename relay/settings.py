@@ -406,8 +406,8 @@ STEP_LOG_MAX_BYTES = env.int("STEP_LOG_MAX_BYTES", default=4 * 1024 * 1024)
 STEP_EVENTS_MAX = env.int("STEP_EVENTS_MAX", default=100)
 STEP_EVENTS_MAX_BYTES = env.int("STEP_EVENTS_MAX_BYTES", default=4 * 1024 * 1024)
 STEP_DECORATORS_MAX_BYTES = env.int("STEP_DECORATORS_MAX_BYTES", default=64 * 1024)
-# Parsed workflow documents each process keeps (workflows.engine.parsed), by their estimated
-# size in memory (about 8 times the document's text; README "Budgets").
+# Parsed workflow documents each process keeps (workflows.engine.parsed), weighed by what
+# each holds in memory (1 to 12 times the document's text; README "Budgets").
 PARSED_CACHE_MAX_BYTES = env.int("PARSED_CACHE_MAX_BYTES", default=64 * 1024 * 1024)
 # The internal do-nothing step image (workflows/steps/noop.py), for tests and the bench only.
 # The step runtime API's base URL as a running step reaches it (the service itself, at the URL

@@ -72,9 +72,10 @@ class ParsedCache:
     """Revisions' documents as the engine uses them, by revision id. Revisions never change,
     so each process parses each one once (a published workflow takes about 4 ms, 200 steps
     0.2 s) and keeps the ones used last, up to PARSED_CACHE_MAX_BYTES of them: a 1 MiB
-    document's parse holds 2 to 7 MB, a small one's 10 KB, so a count of entries bounds
-    nothing. Each entry is weighed once, by walking what it holds (footprint: 2-5% of the
-    parse's time); one heavier than the whole budget is parsed each time, never kept."""
+    document's parse holds 1 MB (one long string) to 12 MB (many small nodes), a small
+    one's 10 KB, so a count of entries bounds nothing. Each entry is weighed once, by
+    walking what it holds (footprint: 2-5% of the parse's time); one heavier than the whole
+    budget is parsed each time, never kept."""
 
     def __init__(self) -> None:
         self.entries: OrderedDict[int, tuple[ParsedWorkflow, int]] = OrderedDict()
