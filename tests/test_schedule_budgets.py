@@ -8,7 +8,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from tests.conftest import client_for
+from tests.conftest import client_for, run_concurrently
 from tests.workflow_helpers import NOOP, make_workflow
 from triggers.models import Schedule
 from workflows import engine, services
@@ -137,3 +137,31 @@ def test_owners_take_turns_within_a_tick(alice, bob, settings):
     # alice's were due before any of bob's.
     assert WorkflowRun.objects.filter(workflow__owner=alice).count() == 3
     assert WorkflowRun.objects.filter(workflow__owner=bob).count() == 3
+
+
+def test_an_owner_saving_many_workflows_at_once_is_counted_in_turn(alice, settings):
+    # The owner's row lock must not wait on the owner's own foreign keys (a revision's
+    # created_by, a trigger's owner): saves at once all end, none past the budget.
+    settings.SCHEDULES_PER_OWNER = 12
+    api = client_for(alice)
+
+    def create(index: int) -> int:
+        body = {"name": f"w{index}", "source": with_schedules(3)}
+        return api.post("/api/workflows/", body, format="json").status_code
+
+    codes = run_concurrently(8, create)
+    assert sorted(codes) == [201] * 4 + [400] * 4, codes
+    assert Schedule.objects.count() == 12
+
+
+def test_runs_and_saves_of_one_owner_at_once_all_end(alice, settings):
+    make_workflow(alice, with_schedules(1), "base")
+    api = client_for(alice)
+
+    def work(index: int) -> int:
+        if index % 2:
+            return api.post("/api/workflows/base/runs/", {}, format="json").status_code
+        body = {"name": f"w{index}", "source": with_schedules(1)}
+        return api.post("/api/workflows/", body, format="json").status_code
+
+    assert run_concurrently(8, work) == [201] * 8

@@ -197,7 +197,10 @@ def lock_owner(owner_id: Any) -> None:
     any other row lock, so that no two transactions wait for each other."""
     from django.contrib.auth import get_user_model
 
-    list(get_user_model().objects.select_for_update().filter(pk=owner_id).values_list("pk", flat=True))
+    # FOR NO KEY UPDATE: lockers wait for each other, while rows that refer to the user (a
+    # run's created_by, a trigger's owner) are still checked without waiting for it.
+    users = get_user_model().objects.select_for_update(no_key=True)
+    list(users.filter(pk=owner_id).values_list("pk", flat=True))
 
 
 def _image(spec: "ParsedTrigger") -> str:
