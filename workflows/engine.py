@@ -106,6 +106,8 @@ class ParsedCache:
             self.entries.clear()
             self.bytes = 0
 
+    cache_clear = clear  # functools.lru_cache's name, which this replaced
+
 
 _NOT_HELD = (type, ModuleType, FunctionType, BuiltinFunctionType, MethodType, CodeType)
 
