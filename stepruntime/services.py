@@ -166,10 +166,11 @@ def envelope(result: Result) -> dict[str, Any]:
 
 def start_workflow(step: StepRun, name: str, parameters: dict[str, Any]) -> tuple[WorkflowRun, int]:
     """A run of the step's workflow owner's workflow `name` (relay_sdk's `workflows.run`),
-    and its number among that workflow's runs. Raises Workflow.DoesNotExist, and
-    engine.ParameterError."""
+    and its number among that workflow's runs, one deeper than the step's run. Raises
+    Workflow.DoesNotExist, engine.ParameterError, and OverBudget (RUN_MAX_DEPTH,
+    RUN_MAX_IN_PROGRESS)."""
     owner = step.run.workflow.owner
     workflow = Workflow.objects.get(owner=owner, name=name)
-    run = engine.create_run(workflow, parameters, created_by=owner)
+    run = engine.create_run(workflow, parameters, created_by=owner, parent_step=step)
     number = WorkflowRun.objects.filter(workflow=workflow, created_at__lte=run.created_at).count()
     return run, number

@@ -27,7 +27,7 @@ from relay import vault
 from runs.models import Run
 from scriptsteps import services as scripts
 from workflows import engine
-from workflows.dialect.validate import validate
+from workflows.dialect.validate import parse, validate
 from workflows.models import (
     Approval,
     Conflict,
@@ -116,6 +116,15 @@ class WorkflowForm(forms.ModelForm):
             taken = Workflow.objects.filter(owner=self.instance.owner_id, name=data["name"])
             if taken.exclude(pk=self.instance.pk).exists():
                 self.add_error("name", "The owner already has a workflow with this name.")
+        # The owner's budget of schedule triggers (Workflow.add_revision checks it again
+        # under a lock): said on the form, not as an error page.
+        owner_id = data["owner"].pk if data.get("owner") is not None else self.instance.owner_id
+        source = data.get("source")
+        if owner_id is not None and source is not None:
+            workflow = self.instance
+            had = workflow.schedule_names() if workflow.pk else set()
+            for p in workflow.owner_schedule_problems(owner_id, source, parse(source), had):
+                self.add_error("source", f"Line {p.line}, column {p.column} ({p.pointer}): {p.detail}")
         return data
 
     def clean_source(self) -> str:

@@ -80,8 +80,47 @@ class Workflow(models.Model):
             last = self.revisions.aggregate(last=models.Max("number"))["last"] or 0
             revision = self.revisions.create(number=last + 1, source=source, created_by=user)
             revision.new_triggers = self.sync_token_triggers(document)
+            had = self.schedule_names()
             self.sync_schedules(document)
+            # Last, under the owner's row lock (taken after the rows above, as the engine
+            # takes it after a schedule's or an event's): two saves at once count in turn.
+            lock_owner(self.owner_id)
+            problems = self.owner_schedule_problems(self.owner_id, source, document, had)
+            if problems:
+                raise DocumentError(problems)
             return revision
+
+    def schedule_names(self) -> set[str]:
+        from triggers.models import Schedule
+
+        return set(Schedule.objects.filter(workflow_id=self.pk).values_list("name", flat=True))
+
+    def owner_schedule_problems(
+        self, owner_id: Any, source: str, document: ParsedWorkflow, had: set[str]
+    ) -> list[Any]:
+        """Whether saving `document` here leaves `owner_id` with more than SCHEDULES_PER_OWNER
+        schedule triggers across their workflows: the problem at the first schedule past
+        them, or none. `had`: the names of the workflow's schedules before. A document that
+        adds no schedule is never refused (an owner past a lowered budget may still save)."""
+        from triggers.models import Schedule
+
+        mine = [trigger for trigger in document.triggers if trigger.kind == "schedule"]
+        if all(trigger.name in had for trigger in mine):
+            return []
+        others = Schedule.objects.filter(workflow__owner_id=owner_id)
+        if self.pk:
+            others = others.exclude(workflow_id=self.pk)
+        most, elsewhere = settings.SCHEDULES_PER_OWNER, others.count()
+        room = max(most - elsewhere, 0)
+        if len(mine) <= room:
+            return []
+        return [
+            yamlload.load(source).problem(
+                mine[room].pointer,
+                f"An owner has at most {most} schedule triggers across their workflows "
+                f"(SCHEDULES_PER_OWNER); with this document there would be {elsewhere + len(mine)}.",
+            )
+        ]
 
     def hand_over(self, owner: Any) -> None:
         """Make `owner` the workflow's owner (a superuser's decision: workflows.permissions).
@@ -154,6 +193,18 @@ class Workflow(models.Model):
             )
 
 
+def lock_owner(owner_id: Any) -> None:
+    """Lock a user's row until the transaction ends: what counts an owner's budgets (their
+    schedules, their runs in progress) and adds to them does so one at a time. Take it after
+    any other row lock, so that no two transactions wait for each other."""
+    from django.contrib.auth import get_user_model
+
+    # FOR NO KEY UPDATE: lockers wait for each other, while rows that refer to the user (a
+    # run's created_by, a trigger's owner) are still checked without waiting for it.
+    users = get_user_model().objects.select_for_update(no_key=True)
+    list(users.filter(pk=owner_id).values_list("pk", flat=True))
+
+
 def _image(spec: "ParsedTrigger") -> str:
     return spec.container.image if spec.container is not None else ""
 
@@ -213,7 +264,7 @@ class WorkflowRevision(models.Model):
 
     def parsed(self) -> ParsedWorkflow:
         """The document as the engine uses it (it was valid when saved)."""
-        return validate.parse(self.source)
+        return validate.parse(self.source, stored=True)
 
 
 # Runs -----------------------------------------------------------------------------------------
@@ -268,6 +319,15 @@ class Conflict(Exception):
     """The request does not fit the run's or step's current state; the message says why."""
 
 
+class OverBudget(Exception):
+    """More than a budget allows (README "Budgets"); the message says which and how much.
+    `size`: a budget of bytes (a 413 for the API), else of a count (a 429)."""
+
+    def __init__(self, message: str, size: bool) -> None:
+        super().__init__(message)
+        self.size = size
+
+
 class WorkflowRun(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="runs")
@@ -294,6 +354,13 @@ class WorkflowRun(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
+    # A run a step started (the step runtime's POST /workflows/{name}/run): that step, and
+    # how deep the run is in such a chain (0: started by a user, a trigger or a schedule),
+    # bounded by RUN_MAX_DEPTH.
+    parent_step = models.ForeignKey(
+        "StepRun", null=True, blank=True, on_delete=models.SET_NULL, related_name="started_runs"
+    )
+    depth = models.PositiveSmallIntegerField(default=0)
 
     class Meta:
         ordering = ["-created_at"]
@@ -393,6 +460,23 @@ class JSONDefault(JSONMerge):
         column, params = compiler.compile(self.source_expressions[0])
         # RFC 7396: the column's keys patched over the defaults.
         return f"json_patch(json(%s), COALESCE({column}, '{{}}'))", [json.dumps(self.values), *params]
+
+
+class JSONBytes(models.Func):
+    """The size in bytes of a JSON value, computed by the database, for budgets checked in
+    the UPDATE that spends them. PostgreSQL: the jsonb value's own size, uncompressed (about
+    its JSON text's: a string's bytes plus a 4-byte header where the text has 2 quotes), as
+    rendering it as text would cost three times as much on a large value; SQLite: its text."""
+
+    output_field = models.BigIntegerField()
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        sql, params = compiler.compile(self.source_expressions[0])
+        return f"pg_column_size({sql})", list(params)
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        sql, params = compiler.compile(self.source_expressions[0])
+        return f"length(CAST({sql} AS BLOB))", list(params)
 
 
 class StepKind(models.TextChoices):
@@ -591,12 +675,15 @@ class StepRun(models.Model):
 
     def put_output(self, name: str, value: Any) -> bool:
         """Set one output while the step runs; False when it has ended. Its metadata entry
-        says it came from the step (not sensitive unless the step said so, before or after)."""
-        return bool(
-            StepRun.objects.filter(pk=self.pk, status=StepStatus.IN_PROGRESS).update(
-                outputs=JSONMerge("outputs", {name: value}),
-                output_metadata=JSONDefault("output_metadata", {name: {"sensitive": False}}),
-            )
+        says it came from the step (not sensitive unless the step said so, before or after).
+        Raises OverBudget when the step's outputs together would be larger than
+        STEP_OUTPUTS_MAX_BYTES."""
+        return self._merge_within(
+            "outputs",
+            name,
+            value,
+            settings.STEP_OUTPUTS_MAX_BYTES,
+            output_metadata=JSONDefault("output_metadata", {name: {"sensitive": False}}),
         )
 
     def put_output_metadata(self, name: str, metadata: dict[str, Any]) -> bool:
@@ -655,11 +742,27 @@ class StepRun(models.Model):
 
     def put_decorator(self, name: str, value: dict[str, Any]) -> bool:
         """Set one UI decorator (`{"type": "link", …}`) while the step runs; False when it
-        has ended."""
-        return bool(
-            StepRun.objects.filter(pk=self.pk, status=StepStatus.IN_PROGRESS).update(
-                decorators=JSONMerge("decorators", {name: value})
-            )
+        has ended. Raises OverBudget past STEP_DECORATORS_MAX_BYTES, as put_output."""
+        return self._merge_within("decorators", name, value, settings.STEP_DECORATORS_MAX_BYTES)
+
+    def _merge_within(self, column: str, name: str, value: Any, budget: int, **also: Any) -> bool:
+        # The size is checked in the UPDATE's WHERE, on the merged value: PostgreSQL checks
+        # it again on the row a concurrent writer left (READ COMMITTED re-evaluates the
+        # WHERE after the row lock), so two PUTs at once can never both fit past the budget.
+        merged = JSONMerge(column, {name: value})
+        if StepRun.objects.filter(
+            models.lookups.LessThanOrEqual(JSONBytes(merged), budget),
+            pk=self.pk,
+            status=StepStatus.IN_PROGRESS,
+        ).update(**{column: merged}, **also):
+            return True
+        if not StepRun.objects.filter(pk=self.pk, status=StepStatus.IN_PROGRESS).exists():
+            return False
+        setting = {"outputs": "STEP_OUTPUTS_MAX_BYTES", "decorators": "STEP_DECORATORS_MAX_BYTES"}[column]
+        raise OverBudget(
+            f"The step's {column} together would be larger than {budget} bytes as stored "
+            f"({setting}); {name!r} was not set.",
+            size=True,
         )
 
     def take_wake(self) -> bool:

@@ -202,6 +202,14 @@ class StepRunSerializer(serializers.ModelSerializer):
         ]
 
 
+class StepRunSummarySerializer(StepRunSerializer):
+    """A step in a list of runs: without its outputs and decorators, which a step may make
+    megabytes of (STEP_OUTPUTS_MAX_BYTES); the run's own page has them."""
+
+    class Meta(StepRunSerializer.Meta):
+        fields = [f for f in StepRunSerializer.Meta.fields if f not in ("outputs", "decorators")]
+
+
 class WorkflowRunSerializer(serializers.ModelSerializer):
     workflow = serializers.CharField(source="workflow.name", read_only=True)
     owner = serializers.CharField(source="workflow.owner.get_username", read_only=True)
@@ -234,8 +242,15 @@ class WorkflowRunSerializer(serializers.ModelSerializer):
             "started_at",
             "ended_at",
             "cancel_requested",
+            "depth",
             "steps",
         ]
+
+
+class WorkflowRunSummarySerializer(WorkflowRunSerializer):
+    """A run in a list: its steps without their outputs (WorkflowRunSerializer has them)."""
+
+    steps = StepRunSummarySerializer(many=True, read_only=True)
 
 
 class SecretSerializer(RejectUnknownFields, serializers.Serializer):
