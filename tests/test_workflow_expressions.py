@@ -935,13 +935,14 @@ QUERY_CASES = [
 def test_evaluate_query(
     tree: Any, query: str, data: Data, value: Any, unresolvable: dict, error: str
 ) -> None:
-    evaluator = WorkflowEvaluator(data)
+    # As the step runtime API runs a query: over the tree evaluated once, as data.
+    settled = WorkflowEvaluator(data).settle(Context(), tree)
     if error:
         with pytest.raises(EvaluationError) as raised:
-            expr.evaluate_query(Context(), evaluator, expr.Options(evaluator=evaluator), tree, query)
+            expr.evaluate_query(Context(), settled, query)
         assert error in str(raised.value)
         return
-    result = expr.evaluate_query(Context(), evaluator, expr.Options(evaluator=evaluator), tree, query)
+    result = expr.evaluate_query(Context(), settled, query)
     assert result.value == value
     assert result.unresolvable.as_dict() == unresolvable
 

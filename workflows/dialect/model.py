@@ -175,8 +175,51 @@ class Evaluator:
     def visit_string(self, ctx: Context, text: str, depth: int) -> Result:
         return Result(text)
 
+    def is_plain_map(self, mapping: dict[str, Any]) -> bool:
+        """Whether a map of the document is a map of values (not a reference, call, ...)."""
+        return True
+
+    def settle(self, ctx: Context, tree: Any) -> Any:
+        """`tree` evaluated once, as a value to query: what each part yields is data, which a
+        query (run with DEFAULT_EVALUATOR) reads as it is, never as an expression. A part that
+        cannot be resolved yet stays in place with what it lacks, and a part that fails keeps
+        its error, both for the query to meet only if it goes through them (as relay-core's
+        lazy evaluation of a query over a spec would)."""
+        if isinstance(tree, list):
+            return [self.settle(ctx, item) for item in tree]
+        if isinstance(tree, dict) and self.is_plain_map(tree):
+            return {key: self.settle(ctx, item) for key, item in tree.items()}
+        try:
+            result = self.evaluate(ctx, tree, -1)
+        except EvaluationError as exc:
+            return Failed(exc)
+        if not result.complete:
+            return StaticExpandable(result.value, result.unresolvable)
+        return result.value
+
 
 DEFAULT_EVALUATOR = Evaluator()
+
+
+class Evaluated(Expandable):
+    """A value some evaluation yielded (a parameter, an output, a function's result) handed
+    on to be evaluated again: it is data, and yields itself whichever evaluator meets it."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def expand(self, ctx: Context, depth: int) -> Result:
+        return Result(self.value)
+
+
+class Failed(Expandable):
+    """A settled part whose evaluation failed: the error is raised when a walk reaches it."""
+
+    def __init__(self, error: EvaluationError) -> None:
+        self.error = error
+
+    def expand(self, ctx: Context, depth: int) -> Result:
+        raise self.error
 
 
 def evaluate_all(ctx: Context, evaluator: Evaluator, tree: Any) -> Result:
