@@ -384,6 +384,7 @@ steps:
     carried: !Output [a, carried]
     token: !Secret apiToken
   env: {HOST: !Parameter host, CARRIED: !Output [a, carried]}
+  when: !Fn.equals [!Fn.path [!Parameter doc, title], !Parameter host]
 - name: c
   image: relay-internal/noop
   dependsOn: b
@@ -450,6 +451,9 @@ def test_values_that_arrived_as_data_come_back_verbatim_in_every_language(alice,
     assert_nothing_leaks(environment, token)
     assert environment.json()["value"] == {"HOST": HOSTILE, "CARRIED": "${secrets.unrelated}"}
     assert c.get("/environment/HOST").json()["value"] == HOSTILE
+    conditions = c.get("/conditions")
+    assert_nothing_leaks(conditions, token)
+    assert conditions.json() == {"resolved": True, "success": True, "message": "all checks passed"}
     assert_problem(c.get("/secrets/unrelated"), 404)
     assert c.post("/validate").status_code == 200
     b.end()
