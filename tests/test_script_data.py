@@ -201,3 +201,31 @@ def test_a_run_started_over_the_api_reads_its_parameters_back_verbatim(fed):
     assert response.status_code == 201, response.content
     run = WorkflowRun.objects.get(pk=response.json()["id"])
     assert_read_verbatim(run, never, ["${connections.puppet['name'].token}"])
+
+
+AWS = {"accessKeyID": "AKIAEXAMPLEKEY12345", "secretAccessKey": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"}
+TAKEN_APART = """
+apiVersion: v1
+steps:
+- name: aws
+  image: relaysh/core
+  spec:
+    aws: !Fn.jsonUnmarshal [!Secret aws]
+  input:
+  - echo "id $(ni get -p '{.aws.accessKeyID}') key $(ni get -p '{.aws.secretAccessKey}')"
+  - ni get | jq -r .aws.secretAccessKey
+"""
+
+
+def test_a_secret_the_step_takes_apart_is_masked_part_by_part(workers, db):
+    """A secret holding JSON (AWS keys, as relay's own examples keep them) reaches the step
+    as its parts, which it may print one by one."""
+    owner = User.objects.create_user("ops")
+    made = client_for(owner).post("/api/workflows/", {"name": "aws", "source": TAKEN_APART}, format="json")
+    assert made.status_code == 201, made.content
+    WorkflowSecret.put(Workflow.objects.get(name="aws"), "aws", json.dumps(AWS), owner)
+    started = client_for(owner).post("/api/workflows/aws/runs/", {"parameters": {}}, format="json")
+    run = finished(WorkflowRun.objects.get(pk=started.json()["id"]), timeout=60)
+    log = log_of(run, "aws")
+    assert run.outcome == "success", (run.message, log)
+    assert log == "id *** key ***\n***\n", log
