@@ -18,6 +18,7 @@ import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from workflows.dialect.errors import (
@@ -985,12 +986,19 @@ def parse_template(text: str, options: Options) -> Template:
     return Template(text, parts)
 
 
+@lru_cache(maxsize=256)
+def _query_node(query: str) -> Node:
+    """A query parsed once per process: a step asks the same few (relay_sdk's `get(D.x)`, a
+    trigger's `!Data host`) again and again, and parsing was most of a query's time."""
+    return parse_expression(query, Options())
+
+
 def evaluate_query(ctx: Context, tree: Any, query: str) -> Result:
     """relay-core's query.EvaluateQuery with the path language: `query` against `tree`, a
     value (event data, or a tree an evaluator settled: Evaluator.settle), read as data."""
     evaluator = DEFAULT_EVALUATOR
     try:
-        node = parse_expression(query, Options())
+        node = _query_node(query) if len(query) <= 1024 else parse_expression(query, Options())
     except ExpressionError as exc:
         raise EvaluationError(f"parsing error: {query}: {exc}") from None
     unresolvable = Unresolvable()

@@ -43,11 +43,22 @@ class Unresolvable:
     invocations: set[tuple[str, str]] = field(default_factory=set)
 
     def extend(self, other: "Unresolvable") -> None:
-        for kind in UNRESOLVABLE_KINDS:
-            getattr(self, kind).update(getattr(other, kind))
+        if other:  # most often empty: every value of an evaluation extends its parent's
+            for kind in UNRESOLVABLE_KINDS:
+                getattr(self, kind).update(getattr(other, kind))
 
     def __bool__(self) -> bool:
-        return any(getattr(self, kind) for kind in UNRESOLVABLE_KINDS)
+        # Asked of every value evaluated (Result.complete): spelt out, not a loop.
+        return bool(
+            self.data
+            or self.secrets
+            or self.connections
+            or self.outputs
+            or self.parameters
+            or self.answers
+            or self.statuses
+            or self.invocations
+        )
 
     def as_dict(self) -> dict[str, list[dict[str, str]]]:
         """The JSON form of relay-core's metadata API (names sorted), kinds with nothing left out."""
