@@ -229,3 +229,21 @@ def test_a_secret_the_step_takes_apart_is_masked_part_by_part(workers, db):
     log = log_of(run, "aws")
     assert run.outcome == "success", (run.message, log)
     assert log == "id *** key ***\n***\n", log
+
+
+def test_a_secret_with_characters_go_s_json_escapes_is_masked_in_ni_get_s_json(workers, db):
+    """`ni get` prints the spec as Go's encoding/json does: `<`, `>` and `&` as \\u003c,
+    \\u003e and \\u0026, which a password often has."""
+    owner = User.objects.create_user("ops")
+    source = (
+        "apiVersion: v1\nsteps:\n- name: s\n  image: relaysh/core\n  spec: {password: !Secret p}\n"
+        "  input: [ni get]\n"
+    )
+    made = client_for(owner).post("/api/workflows/", {"name": "amp", "source": source}, format="json")
+    assert made.status_code == 201, made.content
+    WorkflowSecret.put(Workflow.objects.get(name="amp"), "p", "pa&ss<wo>rd-123", owner)
+    started = client_for(owner).post("/api/workflows/amp/runs/", {"parameters": {}}, format="json")
+    run = finished(WorkflowRun.objects.get(pk=started.json()["id"]), timeout=60)
+    log = log_of(run, "s")
+    assert run.outcome == "success", (run.message, log)
+    assert log == '{"password":"***"}', log
