@@ -3,14 +3,14 @@ connection, its runtime credential or an earlier step's sensitive output is repl
 before anything is stored, also when a value arrives split across two reads of the output.
 
 A step may print a value encoded, so each is masked in the forms a shell step makes of it:
-escaped inside a JSON string (`ni get`), percent-encoded (`jq @uri`, `curl --data-urlencode`,
-`urllib.parse.quote`: %XX in upper and lower case, `+` or %20 for a space) and in base64
-(`base64`, `Authorization: Basic`). Inside a longer base64 text a value's characters depend on
-where it starts (its offset mod 3): for each of the three alignments, the characters made of
-the value's bits alone (its stable core) are masked; the one or two characters at each end
-that mix in its neighbours' bits stay (a few bits, never the value). An `Authorization:
-Basic` line (`curl -v -u user:$SECRET`) is masked whole, user included: its credentials are
-one base64 text whatever the secret's alignment in it.
+escaped inside a JSON string (`ni get`, with Go's escapes of `<>&`), percent-encoded (`jq
+@uri`, `curl --data-urlencode`, `urllib.parse.quote`: %XX in upper and lower case, `+` or %20
+for a space) and in base64 (`base64`, `Authorization: Basic`). Inside a longer base64 text a
+value's characters depend on where it starts (its offset mod 3): for each of the three
+alignments, the characters made of the value's bits alone (its stable core) are masked; the
+one or two characters at each end that mix in its neighbours' bits stay (a few bits, never
+the value). An `Authorization: Basic` line (`curl -v -u user:$SECRET`) is masked whole, user
+included: its credentials are one base64 text whatever the secret's alignment in it.
 """
 
 import base64
@@ -42,14 +42,21 @@ def variants(values: Iterable[str]) -> list[str]:
         if not isinstance(value, str) or len(value) < MIN_LENGTH:
             continue
         found.add(value)
-        found.add(json.dumps(value)[1:-1])
-        found.add(json.dumps(value, ensure_ascii=False)[1:-1])
+        for escaped in (json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1]):
+            found.add(escaped)
+            found.add(go_json_escaped(escaped))
         for line in value.splitlines():  # a multi-line secret printed line by line
             if len(line.strip()) >= MIN_LENGTH * 2:
                 found.add(line)
         found.update(url_encoded(value))
         found.update(base64_cores(value.encode("utf-8")))
     return sorted(found, key=lambda v: (-len(v), v))
+
+
+def go_json_escaped(text: str) -> str:
+    """JSON string text as Go's encoding/json writes it (`ni get`): `<`, `>` and `&` as
+    \\u003c, \\u003e and \\u0026."""
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def strings_in(value: Any) -> list[str]:

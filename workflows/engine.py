@@ -22,6 +22,7 @@ condition on its status in a later step's `when` was true (that step lists it in
 """
 
 import gc
+import json
 import logging
 import sys
 import threading
@@ -783,11 +784,24 @@ def _context(step: StepRun, run: WorkflowRun, data: Data, lookups: _Lookups) -> 
 
 def _secret_values(data: Data) -> tuple[str, ...]:
     """What a step must not show: the secrets and connections its evaluation read (a
-    connection's URLs without credentials excepted: they are addresses, not secrets)."""
-    found = [value for value in data.secrets.values() if isinstance(value, str)]
+    connection's URLs without credentials excepted: they are addresses, not secrets), and
+    the strings of a secret that holds JSON (AWS keys, a service account's key), which the
+    step's spec may take apart (jsonUnmarshal) and the step print one by one."""
+    found = []
+    for value in data.secrets.values():
+        found += _strings(value) + _json_strings(value)
     for connection in data.connections.values():
         found += [value for value in _strings(connection) if not _plain_url(value)]
     return tuple(dict.fromkeys(found))
+
+
+def _json_strings(value: Any) -> list[str]:
+    if not isinstance(value, str) or not value.lstrip().startswith(("{", "[")):
+        return []
+    try:
+        return _strings(json.loads(value))
+    except (ValueError, RecursionError):
+        return []
 
 
 def _strings(value: Any) -> list[str]:
