@@ -25,7 +25,8 @@ from workflows import engine
 from workflows.dialect import cron
 from workflows.dialect.errors import EvaluationError
 from workflows.dialect.evaluate import Data, evaluate
-from workflows.dialect.values import type_name
+from workflows.dialect.problems import DocumentError
+from workflows.dialect.values import type_name, unstorable
 from workflows.dialect.workflow import Trigger as TriggerSpec
 from workflows.models import WorkflowRun
 
@@ -51,7 +52,11 @@ def start_run_for_event(event_id: str) -> WorkflowRun | None:
         workflow = event.trigger.workflow
         revision = workflow.latest_revision() if workflow is not None else None
         kind = event.trigger.kind
-        spec = _trigger_spec(revision, kind, event.trigger.name)
+        try:
+            spec = _trigger_spec(revision, kind, event.trigger.name)
+        except DocumentError as exc:
+            _skip(event, f"The workflow's newest revision is not valid any more: {exc}")
+            return None
         if workflow is None or revision is None or spec is None:
             # The revision that removed the trigger is being saved: the trigger goes with it.
             _skip(event, f"The workflow no longer has a {kind} trigger named {event.trigger.name!r}.")
@@ -180,8 +185,11 @@ def _bind(bindings: Mapping[str, Any], data: Data) -> tuple[dict[str, Any], dict
         except EvaluationError as exc:
             unbound[name] = str(exc)
             continue
-        if result.complete:
-            parameters[name] = result.value
-        else:
+        if not result.complete:
             unbound[name] = f"it refers to {engine.describe(result.unresolvable)}"
+        elif (why := unstorable(result.value)) is not None:
+            # A run's parameters are kept as JSON: such a value would fail every try.
+            unbound[name] = f"its value cannot be a parameter: {why}"
+        else:
+            parameters[name] = result.value
     return parameters, unbound

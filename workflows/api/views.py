@@ -275,6 +275,10 @@ class WorkflowViewSet(viewsets.GenericViewSet):
                 name: [serializers.ErrorDetail("The workflow declares no such parameter.", "unknown")]
                 for name in exc.unknown
             }
+            errors |= {
+                name: [serializers.ErrorDetail(f"The value cannot be a parameter: {why}.", "invalid")]
+                for name, why in exc.invalid.items()
+            }
             raise exceptions.ValidationError({"parameters": errors}) from None
         return Response(WorkflowRunSerializer(_run(run.pk)).data, status=status.HTTP_201_CREATED)
 

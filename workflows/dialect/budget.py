@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from workflows.dialect.errors import EvaluationError
 
 # The defaults, for code that runs without Django's settings (they are the settings' defaults).
-MAX_STEPS = 1_000_000
+MAX_STEPS = 500_000
 MAX_CHARS = 64 * 1024 * 1024
 MAX_VALUE_CHARS = 4 * 1024 * 1024
 VALIDATE_MAX_STEPS = 200_000

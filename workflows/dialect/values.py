@@ -9,6 +9,7 @@ JSON its own way, so those are spelled out here.
 import base64
 import json
 import math
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -267,6 +268,40 @@ def from_json(text: str) -> Any:
         raise ValueError(f"invalid character '{name[0]}' looking for beginning of value")
 
     return json.loads(text, parse_int=float, parse_constant=refuse)
+
+
+FLOAT64_MAX_INT = 2**1024  # float(n) overflows from here
+
+
+def unstorable(value: Any) -> str | None:
+    """Why `value` cannot be kept as JSON (a run's parameters, in PostgreSQL's jsonb) and read
+    back by relay-core's Go, or None: a number that is not finite or too large for a float64,
+    a NUL character or a lone surrogate in a string or key."""
+    pending = [value]  # a loop, not recursion: data nests as deep as its sender likes
+    while pending:
+        item = pending.pop()
+        if isinstance(item, bool) or item is None:
+            continue
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return f"the number {format_float(item, 'g')} is not finite"
+        elif isinstance(item, int):
+            if abs(item) >= FLOAT64_MAX_INT:
+                return f"a number of {len(str(abs(item)))} digits is too large for a float64"
+        elif isinstance(item, str):
+            if "\x00" in item:
+                return "a text holds a NUL character (\\u0000)"
+            if _SURROGATE.search(item):
+                return "a text holds a lone surrogate (not UTF-8)"
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
+    return None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def deep_equal(a: Any, b: Any, budget: Budget | None = None) -> bool:
