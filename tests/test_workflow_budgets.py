@@ -159,11 +159,13 @@ def api(live_server, alice):
 def test_the_issue_s_document_is_a_400_at_its_pointer_on_validate_and_save(api):
     text = document(quoted(NESTED))
     assert len(text.encode()) < 450
-    started = time.monotonic()
+    # CPU time of this process, which serves the request in a thread: the machine's load
+    # (the tests share it) changes it much less than the wall clock.
+    started = time.process_time()
     response = api.post(
         f"{api.base_url}/api/workflows/validate", data=text, headers={"Content-Type": "application/yaml"}
     )
-    assert time.monotonic() - started < 1
+    assert time.process_time() - started < 1
     assert response.status_code == 400 and response.headers["Content-Type"] == "application/problem+json"
     assert response.json()["errors"] == [
         {

@@ -1037,6 +1037,10 @@ def evaluate_query(ctx: Context, evaluator: Evaluator, options: Options, tree: A
 
 
 def walk(node: Node) -> Iterator[Node]:
-    yield node
-    for child in node.children():
-        yield from walk(child)
+    """`node` and every node under it, in order. A loop, not nested generators: those pass
+    each node up through every level, which is quadratic in a long `|>` chain."""
+    pending = [node]
+    while pending:
+        current = pending.pop()
+        yield current
+        pending.extend(reversed(list(current.children())))

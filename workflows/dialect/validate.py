@@ -676,19 +676,23 @@ def _invocation_arguments(value: Any) -> list[Any] | dict[str, Any]:
 
 
 def _environment_nodes(node: expr.Node) -> Iterator[expr.Node]:
-    """Function calls, and paths that start at the template's data (not a pipe's input)."""
-    if isinstance(node, expr.Var):
-        yield node
-    elif isinstance(node, expr.Call):
-        yield node
-    if isinstance(node, expr.Pipe):
-        yield from _environment_nodes(node.left)
-        for inner in expr.walk(node.right):
-            if isinstance(inner, expr.Call):
-                yield inner
-        return
-    for child in node.children():
-        yield from _environment_nodes(child)
+    """Function calls, and paths that start at the template's data (not a pipe's input).
+    (A loop, not nested generators, which are quadratic in the depth of the tree.)"""
+    pending: list[tuple[expr.Node, bool]] = [(node, True)]  # (node, whether to look under it)
+    while pending:
+        current, under = pending.pop()
+        if isinstance(current, expr.Var | expr.Call):
+            yield current
+        if not under:
+            continue
+        if isinstance(current, expr.Pipe):
+            # The right side reads the pipe's input: only its calls matter here, after the
+            # left side's nodes.
+            calls = [inner for inner in expr.walk(current.right) if isinstance(inner, expr.Call)]
+            pending.extend((call, False) for call in reversed(calls))
+            pending.append((current.left, True))
+            continue
+        pending.extend((child, True) for child in reversed(list(current.children())))
 
 
 def _container(raw: dict[str, Any]) -> Container:
