@@ -198,6 +198,17 @@ def test_a_run_start_refuses_a_number_too_large_for_a_float(api, alice, value):
     assert not WorkflowRun.objects.exists()
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_run_of_a_revision_that_is_not_valid_any_more_is_a_409(api, alice):
+    workflow = make_workflow(alice, document("plain"), name="old")
+    WorkflowRevision.objects.filter(workflow=workflow).update(source=document(quoted(NESTED)))
+    response = api.post(f"{api.base_url}/api/workflows/old/runs/", json={})
+    assert response.status_code == 409, response.text
+    assert response.headers["Content-Type"] == "application/problem+json"
+    assert response.json()["detail"].startswith("The workflow's newest revision is not valid any more: ")
+    assert not WorkflowRun.objects.exists()
+
+
 # The step runtime API ------------------------------------------------------------------------
 
 

@@ -305,6 +305,9 @@ class WorkflowViewSet(viewsets.GenericViewSet):
                 for name, why in exc.invalid.items()
             }
             raise exceptions.ValidationError({"parameters": errors}) from None
+        except DocumentError as exc:
+            # Saved under older rules (a budget since lowered): a new revision must replace it.
+            raise ConflictError(f"The workflow's newest revision is not valid any more: {exc}") from None
         return Response(WorkflowRunSerializer(_run(run.pk)).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=SecretSerializer, responses={204: None}, parameters=[OWNER_PARAMETER])
