@@ -4,18 +4,21 @@ on a live server (validate, save, run start, the step runtime's /spec) and on re
 workers (a step's `when` and spec at run time)."""
 
 import time
+from datetime import timedelta
 
 import pytest
 import redis
 import requests
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.utils import timezone
 
 from tests.conftest import api_token_for
 from tests.events_helpers import clear_queues
 from tests.runtime_helpers import start_step
-from tests.workflow_helpers import NOOP, EngineWorker, finished, make_workflow, run_of, steps_of
-from workflows import tasks
+from tests.workflow_helpers import NOOP, EngineWorker, ended, finished, make_workflow, run_of, steps_of
+from triggers.models import Event, Schedule, Trigger
+from workflows import services, tasks
 from workflows.dialect.budget import BudgetExceeded, exceeded
 from workflows.dialect.errors import EvaluationError
 from workflows.dialect.evaluate import Data, evaluate
@@ -300,3 +303,72 @@ def test_a_revision_that_is_not_valid_any_more_ends_its_run(worker, owner):
     assert step.status == "skipped"
     assert step.message.startswith("Skipped: its workflow's revision is not valid any more: ")
     assert "over the evaluation budget" in step.message
+
+
+HOOKED = f"""\
+apiVersion: v1
+parameters:
+  n: {{}}
+triggers:
+- name: hook
+  source:
+    type: webhook
+    image: relaysh/stdlib-trigger-json
+  when: ${{event.m > 1}}
+  binding:
+    parameters:
+      n: ${{event.n * 1e300}}
+steps:
+- name: a
+  image: {NOOP}
+"""
+
+
+def matched_event(workflow, data: dict) -> str:
+    """An event of the workflow's trigger, read and matched, its run not started yet: as the
+    worker leaves it (a push report read from YAML can hold such numbers)."""
+    event = Event.objects.create(
+        trigger=Trigger.objects.get(workflow=workflow),
+        state="matched",
+        body_format="json",
+        body_sha256="0" * 64,
+        body_size=1,
+        data=data,
+        workflow_start="pending",
+    )
+    tasks.start_run_for_event.delay(str(event.pk))
+    return str(event.pk)
+
+
+def test_an_event_s_huge_number_is_no_run_or_a_failed_one_never_a_retry(worker, owner):
+    workflow = make_workflow(owner, HOOKED, name="hooked")
+    # `when` cannot be decided: the event is skipped, saying why.
+    skipped = ended(matched_event(workflow, {"m": 10**400, "n": 1}))
+    assert skipped.workflow_start == "skipped"
+    assert skipped.filter_note.startswith("The trigger's `when` could not be decided: ")
+    assert "(401 digits) is too large for a float64" in skipped.filter_note
+    # A binding whose value is not finite: the run is made, and fails at once, saying why.
+    started = ended(matched_event(workflow, {"m": 2, "n": 1e10}))
+    run = finished(WorkflowRun.objects.get(event_id=started.pk))
+    assert (started.workflow_start, run.outcome) == ("started", "failure")
+    assert run.message == (
+        "Missing required parameters: n. The trigger's binding of 'n' failed: its value cannot be "
+        "a parameter: the number +Inf is not finite."
+    )
+
+
+def test_a_schedule_of_a_revision_that_is_not_valid_any_more_notes_why_and_moves_on(owner):
+    workflow = make_workflow(
+        owner,
+        "apiVersion: v1\ntriggers:\n- name: often\n  source: {type: schedule, schedule: '* * * * *'}\n"
+        f"steps:\n- name: a\n  image: {NOOP}\n",
+    )
+    WorkflowRevision.objects.filter(workflow=workflow).update(source=document(quoted(NESTED)))
+    schedule = Schedule.objects.get(workflow=workflow)
+    now = timezone.now()
+    Schedule.objects.filter(pk=schedule.pk).update(next_due=now - timedelta(minutes=1))
+    assert services.start_scheduled_run(schedule.pk, now) is None
+    schedule.refresh_from_db()
+    assert schedule.last_note.startswith("The workflow's newest revision is not valid any more: ")
+    assert schedule.next_due > now  # the next tick does not try this slot again
+    assert not WorkflowRun.objects.exists()

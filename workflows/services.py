@@ -119,7 +119,13 @@ def start_scheduled_run(schedule_id: Any, now: datetime) -> WorkflowRun | None:
             return None  # another worker took this slot
         workflow = schedule.workflow
         revision = workflow.latest_revision()
-        spec = _trigger_spec(revision, "schedule", schedule.name)
+        try:
+            spec = _trigger_spec(revision, "schedule", schedule.name)
+        except DocumentError as exc:
+            # Saved under older rules: this slot is taken, and the next one asks again (an
+            # error here would undo the take, and every tick would fail on it for ever).
+            schedule.note(f"The workflow's newest revision is not valid any more: {exc}")
+            return None
         if revision is None or spec is None:
             # The revision that removes it is being saved: the schedule goes with it.
             return None
