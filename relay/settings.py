@@ -6,7 +6,9 @@ A variable NAME that holds a secret may instead be given as NAME_FILE, a path to
 holding it (for Docker/Kubernetes secrets and systemd credentials).
 """
 
+import os
 import re
+import tempfile
 from pathlib import Path
 
 import environ
@@ -350,8 +352,11 @@ WEBHOOK_PASS_THROUGH_IMAGES = env.list("WEBHOOK_PASS_THROUGH_IMAGES", default=["
 # Schedule triggers: how often beat looks for schedules that are due (seconds): a run starts
 # at most this late. Each look reads only the due rows, by an index.
 SCHEDULE_TICK_INTERVAL = env.float("SCHEDULE_TICK_INTERVAL", default=5.0)
-# Where users reach this service, for links in notifications.
-RELAY_PUBLIC_URL = env.str("RELAY_PUBLIC_URL", default="http://127.0.0.1:8000").rstrip("/")
+# Where users reach this service, for links in notifications, webhook URLs and a Puppet
+# connection's relayAPIURL: by default where `make run` listens (PORT).
+RELAY_PUBLIC_URL = env.str(
+    "RELAY_PUBLIC_URL", default=f"http://127.0.0.1:{env.int('PORT', default=8000)}"
+).rstrip("/")
 SLACK_TIMEOUT = env.float("SLACK_TIMEOUT", default=10.0)
 # Hosts a Slack webhook URL may name (https only). The connection is refused anyway when the
 # name resolves to a loopback, private, link-local, multicast or reserved address.
@@ -434,6 +439,18 @@ STEP_BWRAP = env.str("STEP_BWRAP", default="/usr/bin/bwrap")
 # `ni`, the step runtime's command-line client (stepruntime/), at /usr/local/bin/ni in every sandbox.
 STEP_NI = Path(env.str("STEP_NI", default=str(BASE_DIR / "stepruntime" / "bin" / "ni")))
 STEP_PYTHON_DIR = Path(env.str("STEP_PYTHON_DIR", default=str(BASE_DIR / ".step-python")))
+# Where a sandbox's mounts are prepared (copies of STEP_NI and STEP_PYTHON_DIR, the generated
+# /etc, each step's network directory): a directory every sandbox uid can reach, wherever the
+# checkout is (scriptsteps/mounts.py). Under root, /run; otherwise the system's temporary
+# directory, one per user.
+STEP_MOUNT_DIR = Path(
+    env.str(
+        "STEP_MOUNT_DIR",
+        default="/run/relay-step-mounts"
+        if os.geteuid() == 0
+        else os.path.join(tempfile.gettempdir(), f"relay-step-mounts-{os.geteuid()}"),
+    )
+)
 STEP_HEARTBEAT = env.float("STEP_HEARTBEAT", default=5.0)
 # A script whose worker has not been heard of for this long ended with it (the worker died).
 STEP_LOST_AFTER = env.int("STEP_LOST_AFTER", default=60)

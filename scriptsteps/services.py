@@ -30,6 +30,7 @@ from scriptsteps.masking import Masker
 from scriptsteps.models import ScriptRun, ScriptStatus
 from stepruntime.credentials import grant
 from workflows import engine
+from workflows.dialect import imageref
 from workflows.models import StepRun
 from workflows.steps.base import Done, StepContext, Wait, image_name
 
@@ -68,6 +69,9 @@ def problem_with(ctx: StepContext, needs_program: bool = True) -> str:
             f"Step {ctx.step_name!r} has nothing to run: give `input` (shell lines) or `command` "
             f"(with `args`) for {image_name(ctx.image)}."
         )
+    image = imageref.problem_with(ctx.image)
+    if image:  # validation refuses it; a revision saved before it did is refused here
+        return f"image: {image}"
     bad = [name for name in ctx.env if not ENV_NAME.match(str(name))]
     if bad:
         return f"env.{bad[0]}: not a name an environment variable can have (letters, digits and _)."
@@ -136,6 +140,8 @@ def follow(script: ScriptRun) -> Done | Wait:
         return _waiting(script)
     if script.success:
         return Done(True)
+    if script.system_error:
+        return Done(False, message=script.reason, system_error=True)
     if script.reason:
         return Done(False, message=script.reason)
     return Done(False, message=f"The script exited with status {script.exit_code}.")
@@ -189,9 +195,9 @@ def _execute(script: ScriptRun, worker: uuid.UUID) -> None:
         script.fail_to_start(f"The step could not be prepared ({type(exc).__name__}: {exc}).")
         return
     runtime = container.runtime_for(ctx.image)
-    # A sandbox reaches the runtime API through its own door (its network is its own); a
-    # container, at STEP_RUNTIME_URL.
-    url = grant(str(script.pk), None if runtime is not None else network.runtime_url_inside())
+    # A sandbox (or a container) reaches the runtime API through its own door: its network
+    # is its own.
+    url = grant(str(script.pk), network.runtime_url_inside())
     writer = LogWriter(script, worker, [*ctx.secrets, *_credentials_in(url)])
     try:
         if runtime is not None:
@@ -202,19 +208,21 @@ def _execute(script: ScriptRun, worker: uuid.UUID) -> None:
             )
     except sandbox.SandboxUnavailable as exc:
         writer.close()
-        script.fail_to_start(str(exc))
+        script.fail_to_start(str(exc), system_error=True)
         return
     except Exception as exc:
         # Not the script's doing (the machine, a bug): said as such, at once, rather than
         # left for STEP_LOST_AFTER to find.
         log.exception("script of step %s: the sandbox failed", script.pk)
         writer.close()
-        script.finish(worker, None, f"The sandbox failed ({type(exc).__name__}: {exc}).", None)
+        script.finish(worker, None, f"The sandbox failed ({type(exc).__name__}: {exc}).", None, True)
         return
     writer.close()
     first = result.first_output_at
     first_ms = (first - result.spawned_at) * 1000 if first is not None else None
-    if not script.finish(worker, result.exit_code, writer.stopped or result.reason, first_ms):
+    reason = writer.stopped or result.reason
+    system_error = result.system_error and not writer.stopped
+    if not script.finish(worker, result.exit_code, reason, first_ms, system_error):
         log.info("script of step %s ended after it was declared lost", script.pk)
     log.info(
         "script of step %s exited %s in %.2fs%s",

@@ -432,6 +432,8 @@ class _LeaseLost(Exception):
 
 
 def _record(step: StepRun, lease: Any, outcome: Outcome) -> bool:
+    if isinstance(outcome, Done) and outcome.system_error:
+        return step.end(lease, StepStatus.SYSTEM_ERROR, outcome.message)
     if isinstance(outcome, Done):
         return step.record_done(lease, outcome.success, dict(outcome.outputs), outcome.message)
     if isinstance(outcome, Wait):

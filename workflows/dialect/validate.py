@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 from jsonschema import Draft7Validator, FormatChecker, ValidationError
 
-from workflows.dialect import cron, expr
+from workflows.dialect import cron, expr, imageref
 from workflows.dialect.budget import Budget, exceeded
 from workflows.dialect.errors import EvaluationError, ExpressionError, PathError
 from workflows.dialect.evaluate import TEMPLATE_NAMES, Data, WorkflowEvaluator
@@ -336,6 +336,7 @@ class _Checker:
         container = None
         kind = "approval" if raw_step.get("type") == "approval" else "container"
         if kind == "container":
+            self.check_image(raw_step, pointer)
             container = _container(raw_step)
         return Step(
             name=name,
@@ -379,6 +380,8 @@ class _Checker:
                 where = child_pointer(child_pointer(pointer, "source"), key)
                 self.check_expressions(source[key], where, found, in_trigger=True)
         kind = source["type"]
+        if kind == "webhook":
+            self.check_image(source, child_pointer(pointer, "source"))
         if kind == "schedule":
             try:
                 cron.parse(source["schedule"])
@@ -394,6 +397,15 @@ class _Checker:
             binding_key=deepcopy(binding.get("key")),
             when=deepcopy(raw_trigger.get("when")),
         )
+
+    def check_image(self, raw: dict[str, Any], pointer: str) -> None:
+        # The container runtime's command line takes it (scriptsteps/container.py): a
+        # reference or nothing, never text that could read as an option.
+        image = raw.get("image")
+        if isinstance(image, str):
+            problem = imageref.problem_with(image)
+            if problem:
+                self.error(child_pointer(pointer, "image"), problem)
 
     def check_cycles(self, steps: list[Step]) -> None:
         after = {step.name: step.after for step in steps}
