@@ -78,6 +78,15 @@ def start_run_for_event(event_id: str) -> WorkflowRun | None:
     return run
 
 
+def give_up_workflow_start(event_id: str, exc: Exception) -> None:
+    """The event's run could not be started for a reason trying again would not change."""
+    log.error("event %s: its workflow run could not be started", event_id, exc_info=exc)
+    event = Event.objects.filter(pk=event_id, workflow_start=WorkflowStart.PENDING).first()
+    if event is not None:
+        text = f"{type(exc).__name__}: {exc}".replace("\x00", "\\u0000")
+        _skip(event, f"Its workflow run could not be started: {text}")
+
+
 def _trigger_spec(revision: Any, kind: str, name: str) -> TriggerSpec | None:
     if revision is None:
         return None
