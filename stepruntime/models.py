@@ -16,7 +16,7 @@ from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
 
 from relay import tokens
-from workflows.models import JSONMerge, StepRun, StepStatus
+from workflows.models import StepRun, StepStatus
 
 
 class StepCredential(models.Model):
@@ -32,8 +32,6 @@ class StepCredential(models.Model):
     # What the step last said with PUT /status (relay-core's process state and when
     # condition), kept for people: the engine decides the step's status itself.
     reported_status = models.JSONField(null=True, blank=True)
-    # PUT /outputs/{name}/metadata: output name -> {"sensitive": bool}.
-    output_metadata = models.JSONField(default=dict, blank=True)
 
     def __str__(self) -> str:
         return f"{self.TOKEN_PREFIX}_{self.token_lookup}…"
@@ -82,14 +80,6 @@ class StepCredential(models.Model):
     def live(self) -> bool:
         """Whether its step is running (the only time the credential opens anything)."""
         return self.step_run.status == StepStatus.IN_PROGRESS
-
-    def set_output_metadata(self, name: str, metadata: dict[str, Any]) -> bool:
-        """False when the step has ended (its outputs are final)."""
-        return bool(
-            StepCredential.objects.filter(pk=self.pk, step_run__status=StepStatus.IN_PROGRESS).update(
-                output_metadata=JSONMerge("output_metadata", {name: metadata})
-            )
-        )
 
     def report_status(self, status: dict[str, Any]) -> None:
         StepCredential.objects.filter(pk=self.pk).update(reported_status=status)

@@ -195,18 +195,20 @@ class StepOutputView(StepView):
     /outputs/{name}/metadata: mark one of the step's own outputs sensitive (or not)."""
 
     def get(self, request: Request, step: str, name: str) -> Response:
-        source = StepRun.objects.filter(run_id=self.step.run_id, name=step).only("outputs", "name").first()
+        source = (
+            StepRun.objects.filter(run_id=self.step.run_id, name=step)
+            .only("outputs", "output_metadata", "name")
+            .first()
+        )
         if source is None or name not in (source.outputs or {}):
             raise exceptions.NotFound("No such output in this run.", code="model_not_found_error")
-        metadata = (
-            StepCredential.objects.filter(step_run=source).values_list("output_metadata", flat=True).first()
-        )
+        # The value itself, sensitive or not: a step of the run reads it (and its log masks it).
         return Response(
             {
                 "task_name": source.name,
                 "key": name,
                 "value": source.outputs[name],
-                "metadata": (metadata or {}).get(name, {"sensitive": False}),
+                "metadata": {"sensitive": source.output_is_sensitive(name)},
             },
             headers=NO_STORE,
         )
@@ -218,7 +220,7 @@ class StepOutputView(StepView):
         body = self.json_body()
         if not isinstance(body, dict) or not isinstance(body.get("sensitive", False), bool):
             raise Unprocessable('The body is `{"sensitive": true|false}`.')
-        if not self.credential.set_output_metadata(output, {"sensitive": body.get("sensitive", False)}):
+        if not self.step.put_output_metadata(output, {"sensitive": body.get("sensitive", False)}):
             raise self.ended()
         return Response(status=status.HTTP_201_CREATED)
 

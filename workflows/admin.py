@@ -1,6 +1,7 @@
 """Workflows (the document edited in place, its errors under it), their runs (steps with
-statuses, timings and outputs, the event that started them), and approvals with their
-approve and reject buttons (for users with workflows.approve_steprun; read-only to others).
+statuses, timings and outputs, sensitive ones masked, the event that started them), and
+approvals with their approve and reject buttons (for users with workflows.approve_steprun;
+read-only to others).
 
 Who may do what is workflows.permissions, as in the API: staff see and manage their own
 workflows, runs and approvals here whatever their permissions; other users' need the
@@ -44,7 +45,7 @@ from workflows.permissions import Action, is_superuser, may, runs_for, steps_for
 
 def puppet_run_of(step: StepRun) -> Run | None:
     """The Puppet run a Puppet step made or waits for (its `id` output), if it is one."""
-    run_id = (step.outputs or {}).get("id")
+    run_id = step.shown_outputs.get("id")  # a step's sensitive output links nowhere
     try:
         return Run.objects.filter(pk=uuid.UUID(str(run_id))).first() if run_id else None
     except ValueError:
@@ -54,7 +55,8 @@ def puppet_run_of(step: StepRun) -> Run | None:
 def what_would_change(outputs: Any) -> str:
     """A run-wait's `results`, per node: whether changes are pending and which resources
     would change (the bridge reads them from each node's last run report)."""
-    nodes = outputs.get("results", {}).get("nodes") if isinstance(outputs, dict) else None
+    results = outputs.get("results") if isinstance(outputs, dict) else None
+    nodes = results.get("nodes") if isinstance(results, dict) else None  # or hidden: MASK
     if not isinstance(nodes, list):
         return ""
     lines = []
@@ -360,7 +362,7 @@ class StepRunInline(admin.TabularInline):
 
     @admin.display(description="outputs")
     def shown_outputs(self, step: StepRun) -> str:
-        return pretty_json(step.outputs) if step.outputs else ""
+        return pretty_json(step.shown_outputs) if step.outputs else ""
 
 
 @admin.register(WorkflowRun)
@@ -557,8 +559,8 @@ class ApprovalAdmin(admin.ModelAdmin):
             "",
             "<p><strong>{}</strong> ({}): {}</p>{}{}",
             (
-                (row.name, row.status, row.message, what_would_change(row.outputs), pretty_json(row.outputs))
-                for row in rows
+                (row.name, row.status, row.message, what_would_change(shown), pretty_json(shown))
+                for row, shown in ((row, row.shown_outputs) for row in rows)
             ),
         )
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import models, transaction
+from django.db.models.fields.json import KeyTransform
 from django.db.models.signals import post_delete
 from django.dispatch import receiver
 from django.utils import timezone
@@ -16,6 +17,7 @@ from django.views.decorators.debug import sensitive_variables
 from connections.models import name_validator
 from relay import vault
 from relay.tokens import PlainToken
+from scriptsteps.masking import MASK  # hidden outputs show as the log's mark for a secret
 from workflows.dialect import cron, validate, yamlload
 from workflows.dialect.problems import DocumentError, child_pointer
 from workflows.dialect.workflow import Trigger as ParsedTrigger
@@ -379,6 +381,20 @@ class JSONMerge(models.Func):
         return f"json_set(COALESCE({column}, '{{}}'), {', '.join(pairs)})", [*params, *values]
 
 
+class JSONDefault(JSONMerge):
+    """`column` with `values`' keys set where it has none yet (kept where it has): the merge
+    the other way round, in the database too."""
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        column, params = compiler.compile(self.source_expressions[0])
+        return f"(%s::jsonb || COALESCE({column}, '{{}}'::jsonb))", [json.dumps(self.values), *params]
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        column, params = compiler.compile(self.source_expressions[0])
+        # RFC 7396: the column's keys patched over the defaults.
+        return f"json_patch(json(%s), COALESCE({column}, '{{}}'))", [json.dumps(self.values), *params]
+
+
 class StepKind(models.TextChoices):
     CONTAINER = "container"
     APPROVAL = "approval"
@@ -424,6 +440,11 @@ class StepRun(models.Model):
     decided_at = models.DateTimeField(null=True, blank=True)
     # UI decorators the step set through the step runtime API: name -> {"type": "link", …}.
     decorators = models.JSONField(default=dict, blank=True)
+    # relay-core's output metadata, name -> {"sensitive": bool}: what PUT /outputs/{name}/metadata
+    # said, and an entry for each output the step set itself through the step runtime API
+    # (which it may still mark sensitive while it runs). On the step, not on its credential,
+    # so that whatever shows outputs masks them from the same row.
+    output_metadata = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["run_id", "index"]
@@ -569,12 +590,68 @@ class StepRun(models.Model):
     # in the database (JSONMerge) and only while the step is in progress.
 
     def put_output(self, name: str, value: Any) -> bool:
-        """Set one output while the step runs; False when it has ended."""
+        """Set one output while the step runs; False when it has ended. Its metadata entry
+        says it came from the step (not sensitive unless the step said so, before or after)."""
         return bool(
             StepRun.objects.filter(pk=self.pk, status=StepStatus.IN_PROGRESS).update(
-                outputs=JSONMerge("outputs", {name: value})
+                outputs=JSONMerge("outputs", {name: value}),
+                output_metadata=JSONDefault("output_metadata", {name: {"sensitive": False}}),
             )
         )
+
+    def put_output_metadata(self, name: str, metadata: dict[str, Any]) -> bool:
+        """PUT /outputs/{name}/metadata, before or after the value; False when the step has
+        ended (its outputs and what they are are final then)."""
+        return bool(
+            StepRun.objects.filter(pk=self.pk, status=StepStatus.IN_PROGRESS).update(
+                output_metadata=JSONMerge("output_metadata", {name: metadata})
+            )
+        )
+
+    def output_is_sensitive(self, name: str) -> bool:
+        return bool((self.output_metadata or {}).get(name, {}).get("sensitive"))
+
+    def hidden_outputs(self) -> set[str]:
+        """The outputs shown masked to people (the API, the admin, approvers): the sensitive
+        ones, and while the step runs every one it set itself. relay-core's clients may mark
+        an output sensitive after setting it (relay_sdk's raw PUTs); until the step has
+        ended, and its metadata with it, nobody sees a value it might still hide."""
+        metadata = self.output_metadata or {}
+        running = self.status == StepStatus.IN_PROGRESS
+        return {
+            name
+            for name in (self.outputs or {})
+            if name in metadata and (running or self.output_is_sensitive(name))
+        }
+
+    @classmethod
+    def sensitive_values(cls, run_id: Any, seen: dict[Any, Any] | None = None) -> list[Any]:
+        """The values of the run's sensitive outputs as they are now: what its steps can
+        read (GET /outputs/{step}/{name}, `!Output`) and their logs must mask. `seen`, kept
+        between calls: each step's status and metadata when last read, so that an ended
+        step's values are read once. Only those keys are read (outputs can be large)."""
+        seen = {} if seen is None else seen
+        values = []
+        steps = cls.objects.filter(run_id=run_id).exclude(output_metadata={})
+        for pk, status, metadata in steps.values_list("pk", "status", "output_metadata"):
+            if seen.get(pk) == (status, metadata) and status != StepStatus.IN_PROGRESS:
+                continue
+            seen[pk] = (status, metadata)
+            names = [
+                name for name, about in metadata.items() if isinstance(about, dict) and about.get("sensitive")
+            ]
+            if names:
+                keys = {f"v{i}": KeyTransform(name, "outputs") for i, name in enumerate(names)}
+                row = cls.objects.filter(pk=pk).values(**keys).first() or {}
+                values += [value for value in row.values() if value is not None]
+        return values
+
+    @property
+    def shown_outputs(self) -> dict[str, Any]:
+        """The outputs as people see them, hidden ones as MASK. Steps of the run read them
+        whole (GET /outputs/{step}/{name}, their spec's `!Output`)."""
+        hidden = self.hidden_outputs()
+        return {name: MASK if name in hidden else value for name, value in (self.outputs or {}).items()}
 
     def put_decorator(self, name: str, value: dict[str, Any]) -> bool:
         """Set one UI decorator (`{"type": "link", …}`) while the step runs; False when it

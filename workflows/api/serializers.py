@@ -177,6 +177,12 @@ class WorkflowRunCreateSerializer(RejectUnknownFields, serializers.Serializer):
 
 class StepRunSerializer(serializers.ModelSerializer):
     decided_by = serializers.CharField(source="decided_by.get_username", read_only=True, default=None)
+    outputs = serializers.JSONField(
+        source="shown_outputs",
+        read_only=True,
+        help_text='Name → value; a sensitive output (`ni output set --sensitive`) shows as "***", '
+        "and so does every output a script step set itself until that step has ended.",
+    )
 
     class Meta:
         model = StepRun
