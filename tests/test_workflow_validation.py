@@ -149,6 +149,7 @@ def test_cycles_are_rejected_with_the_steps_in_them() -> None:
         ("!Status nope", "!Status names the step 'nope', which is not a step of this workflow."),
         ("!Output [s, x]", "A step cannot use its own outputs ('s')."),
         ("${concat(", "The expression cannot be read"),
+        ("${a[\u00b2]}", "The expression cannot be read: unexpected '\u00b2'"),
         ("${append(1, 2)}", "This expression fails whatever the data"),
     ],
 )

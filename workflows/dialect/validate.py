@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import jsonschema_rs
 from django.conf import settings
 from jsonschema import Draft7Validator, FormatChecker, ValidationError
 
@@ -55,6 +56,10 @@ def _is_uri(value: object) -> bool:
 
 
 VALIDATOR = Draft7Validator(SCHEMA, format_checker=_formats)
+# The same schema and format check in Rust (about fifty times faster): it answers whether a
+# document passes, and only a document it refuses is walked by VALIDATOR for the errors'
+# wording. What it cannot take (NaN, a lone surrogate) also goes to VALIDATOR.
+FAST_VALIDATOR = jsonschema_rs.Draft7Validator(SCHEMA, formats={"uri": _is_uri}, validate_formats=True)
 FUNCTION_NAMES = ", ".join(sorted(LIBRARY))
 
 
@@ -126,11 +131,20 @@ def _pointer(path: Iterator[Any] | Any) -> str:
 
 
 def schema_problems(document: Document) -> list[Problem]:
+    if _passes_fast(document.raw):
+        return []
     problems: list[Problem] = []
     for error in sorted(VALIDATOR.iter_errors(document.raw), key=lambda e: [str(p) for p in e.absolute_path]):
         for pointer, detail in _describe(error):
             problems.append(document.problem(pointer, detail))
     return list(dict.fromkeys(problems))
+
+
+def _passes_fast(raw: Any) -> bool:
+    try:
+        return FAST_VALIDATOR.is_valid(raw)
+    except Exception:  # a value Rust's JSON cannot hold (a lone surrogate): VALIDATOR judges it
+        return False
 
 
 def _describe(error: ValidationError) -> list[tuple[str, str]]:
