@@ -87,6 +87,13 @@ _TOKEN = {
 }
 
 
+# ASCII characters that are tokens of their own (letters, `_` and digits start names and
+# numbers, quotes strings; the pattern reads those).
+_PUNCTUATION = frozenset(chr(c) for c in range(128)) - frozenset(
+    "_\"'`0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+)
+
+
 class Token(NamedTuple):
     kind: str  # one of the kinds above, or the character itself ("(", "+", ...)
     text: str
@@ -119,7 +126,13 @@ class Scanner:
         assert match is not None  # the pattern matches "" at least
         kind = match.lastgroup
         if kind is None:
-            token = self._other(match.end())
+            start = match.end()
+            char = text[start : start + 1]
+            if char in _PUNCTUATION:  # a character that is its own token
+                self.pos = start + 1
+                token = Token(char, char, start, start + 1)
+            else:
+                token = self._other(start)
         else:
             start, end = match.span(kind)
             if kind == IDENT and end < len(text) and not text[end].isascii():
@@ -747,6 +760,9 @@ class Parser:
         while True:
             node = self.parse_next()
             stage = self.parse_operator(stack, node)
+            if stage.op is None and not stack:  # (what _push and the pop below would give)
+                self.depth -= 1
+                return stage.node
             self._push(stack, stage)
             if stack[-1].op is None:
                 self.depth -= 1

@@ -82,14 +82,20 @@ def validate(text: str, *, stored: bool = False) -> Validation:
     `stored`: a revision saved before (the engine reads those), whose budgets (schedule
     triggers per workflow) are not checked again, so that lowering one stops no run."""
     with _without_cycle_collection():
-        try:
-            document = load(text)
-        except DocumentError as exc:
-            return Validation(None, exc.problems)
-        problems = schema_problems(document)
-        if problems:
-            return Validation(None, problems)
-        return _Checker(document, budgets=not stored).run()
+        return _validate(text, stored=stored)
+
+
+def _validate(text: str, *, stored: bool) -> Validation:
+    # (A function of its own, so that what it made and drops is freed before the collector
+    # resumes: otherwise its first run would walk all of it.)
+    try:
+        document = load(text)
+    except DocumentError as exc:
+        return Validation(None, exc.problems)
+    problems = schema_problems(document)
+    if problems:
+        return Validation(None, problems)
+    return _Checker(document, budgets=not stored).run()
 
 
 _collection_lock = threading.Lock()
@@ -479,6 +485,9 @@ class _Checker:
         pointers = {step.name: step.pointer for step in steps}
         state: dict[str, int] = {}  # 1: on the path, 2: done
         reported: set[frozenset[str]] = set()
+        # The problems, made after the walk: `visit` refers to itself, a cycle that only the
+        # cycle collector frees, which must not hold this checker (and all it parsed).
+        found: list[tuple[str, str]] = []
 
         def visit(name: str, path: list[str]) -> None:
             state[name] = 1
@@ -491,10 +500,12 @@ class _Checker:
                     if frozenset(cycle) not in reported:
                         reported.add(frozenset(cycle))
                         shown = " → ".join([*reversed(cycle), cycle[-1]])
-                        self.error(
-                            pointers[before],
-                            f"The steps wait for each other in a cycle: {shown} "
-                            "(through dependsOn and references to outputs or statuses).",
+                        found.append(
+                            (
+                                pointers[before],
+                                f"The steps wait for each other in a cycle: {shown} "
+                                "(through dependsOn and references to outputs or statuses).",
+                            )
                         )
                 elif before not in state:
                     visit(before, path)
@@ -504,6 +515,8 @@ class _Checker:
         for step in steps:
             if step.name not in state:
                 visit(step.name, [])
+        for pointer, detail in found:
+            self.error(pointer, detail)
 
     # Expressions ------------------------------------------------------------------------------
 
@@ -533,15 +546,9 @@ class _Checker:
         try:
             self.evaluators[in_trigger].evaluate(Context(budget=self.budget), tree, -1)
         except EvaluationError as exc:
-            over = exceeded(exc)
-            if over is not None:
-                return pointer, f"This expression is over the evaluation budget: {over}."
-            # The evaluator names the path under `tree` where it failed.
-            error: BaseException = exc
-            while isinstance(error, PathError):
-                pointer = child_pointer(pointer, error.path)
-                error = error.cause
-            return pointer, f"This expression fails whatever the data: {error}."
+            # (Read in a function of its own: a local of this frame holding the error would
+            # hold, through its traceback, every frame and value of the failed evaluation.)
+            return _dry_run_failure(exc, pointer)
         except RecursionError:
             return pointer, "This expression nests too deeply."
         return None
@@ -750,6 +757,19 @@ class _Checker:
 class _Found:
     outputs: list[tuple[str, str]] = field(default_factory=list)  # (step, pointer)
     statuses: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _dry_run_failure(exc: EvaluationError, pointer: str) -> tuple[str, str]:
+    """(the pointer under the evaluated tree, the problem) of a failed dry run."""
+    over = exceeded(exc)
+    if over is not None:
+        return pointer, f"This expression is over the evaluation budget: {over}."
+    # The evaluator names the path under `tree` where it failed.
+    error: BaseException = exc
+    while isinstance(error, PathError):
+        pointer = child_pointer(pointer, error.path)
+        error = error.cause
+    return pointer, f"This expression fails whatever the data: {error}."
 
 
 def _invocation_arguments(value: Any) -> list[Any] | dict[str, Any]:
