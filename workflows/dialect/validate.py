@@ -716,7 +716,7 @@ class _Checker:
         key = (in_trigger, text)
         if key not in self.template_nodes:
             template = self.evaluators[in_trigger].template(text)
-            self.template_nodes[key] = [(e, list(_environment_nodes(e.node))) for e in template.expressions]
+            self.template_nodes[key] = [(e, _environment_nodes(e.node)) for e in template.expressions]
         return self.template_nodes[key]
 
     def _template_reference(
@@ -783,24 +783,29 @@ def _invocation_arguments(value: Any) -> list[Any] | dict[str, Any]:
     return [value]
 
 
-def _environment_nodes(node: expr.Node) -> Iterator[expr.Node]:
+def _environment_nodes(node: expr.Node) -> list[expr.Node]:
     """Function calls, and paths that start at the template's data (not a pipe's input).
     (A loop, not nested generators, which are quadratic in the depth of the tree.)"""
+    found: list[expr.Node] = []
     pending: list[tuple[expr.Node, bool]] = [(node, True)]  # (node, whether to look under it)
     while pending:
         current, under = pending.pop()
-        if isinstance(current, expr.Var | expr.Call):
-            yield current
+        if isinstance(current, (expr.Var, expr.Call)):
+            found.append(current)
         if not under:
             continue
         if isinstance(current, expr.Pipe):
             # The right side reads the pipe's input: only its calls matter here, after the
             # left side's nodes.
-            calls = [inner for inner in expr.walk(current.right) if isinstance(inner, expr.Call)]
-            pending.extend((call, False) for call in reversed(calls))
+            calls = [(inner, False) for inner in expr.walk(current.right) if isinstance(inner, expr.Call)]
+            calls.reverse()
+            pending += calls
             pending.append((current.left, True))
             continue
-        pending.extend((child, True) for child in reversed(list(current.children())))
+        children = [(child, True) for child in current.children()]
+        children.reverse()
+        pending += children
+    return found
 
 
 def _container(raw: dict[str, Any]) -> Container:
