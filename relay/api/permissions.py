@@ -10,7 +10,8 @@ token and Slack webhook, a workflow that runs with its owner's connections), so 
 own rule that narrows this, one for the admin and the API alike: connections
 (connections.permissions), triggers and their events (triggers.permissions), and workflows
 (workflows.permissions). Each is written, and its token regenerated, by its owner or a
-superuser only; other staff's permissions give view and delete.
+superuser only; other staff's permissions give view and delete (and a workflow's runs:
+their view, cancel and approvals).
 """
 
 from django.contrib.auth import get_permission_codename
