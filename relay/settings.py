@@ -212,6 +212,10 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "TriggerKindEnum": "triggers.models.TriggerKind",
         "StepKindEnum": "workflows.models.StepKind",
+        # A run and its steps appear whole and as summaries (the runs list): one enum each.
+        "StepRunStatusEnum": "workflows.models.StepStatus",
+        "WorkflowRunStatusEnum": "workflows.models.RunStatus",
+        "WorkflowRunOutcomeEnum": "workflows.models.RunOutcome",
     },
 }
 
@@ -385,6 +389,31 @@ SECRET_CACHE_SECONDS = env.float("SECRET_CACHE_SECONDS", default=30.0)
 WORKFLOW_STEP_LEASE = env.int("WORKFLOW_STEP_LEASE", default=300)
 WORKFLOW_STEP_MAX_ATTEMPTS = env.int("WORKFLOW_STEP_MAX_ATTEMPTS", default=5)
 WORKFLOW_STUCK_AFTER = env.int("WORKFLOW_STUCK_AFTER", default=60)  # idle runs the sweeper looks at
+# Budgets (README "Budgets"), each checked as it is spent. A run started by a step (the step
+# runtime's POST /workflows/{name}/run) is one deeper than the step's run; deeper than
+# RUN_MAX_DEPTH is refused. One owner's runs not yet complete, at most RUN_MAX_IN_PROGRESS:
+# the API and the step runtime answer 429 past it, a trigger's run fails at once saying so.
+RUN_MAX_DEPTH = env.int("RUN_MAX_DEPTH", default=3)
+RUN_MAX_IN_PROGRESS = env.int("RUN_MAX_IN_PROGRESS", default=100)
+# Schedule triggers: per workflow document, and per owner across all their workflows (a
+# revision over either is a 400 at the trigger); a tick starts at most
+# SCHEDULES_PER_OWNER_PER_TICK runs of one owner, the owners taking turns.
+SCHEDULES_PER_WORKFLOW = env.int("SCHEDULES_PER_WORKFLOW", default=20)
+SCHEDULES_PER_OWNER = env.int("SCHEDULES_PER_OWNER", default=100)
+SCHEDULES_PER_TICK = env.int("SCHEDULES_PER_TICK", default=200)
+SCHEDULES_PER_OWNER_PER_TICK = env.int("SCHEDULES_PER_OWNER_PER_TICK", default=10)
+# What one step may send the step runtime API: its outputs together (as stored), its runtime
+# logs (POST /logs and their messages: records and bytes), its emitted events (count and
+# bytes of their JSON), its UI decorators together. 413 past a size, 429 past a count.
+STEP_OUTPUTS_MAX_BYTES = env.int("STEP_OUTPUTS_MAX_BYTES", default=4 * 1024 * 1024)
+STEP_LOG_MAX_RECORDS = env.int("STEP_LOG_MAX_RECORDS", default=10_000)
+STEP_LOG_MAX_BYTES = env.int("STEP_LOG_MAX_BYTES", default=4 * 1024 * 1024)
+STEP_EVENTS_MAX = env.int("STEP_EVENTS_MAX", default=100)
+STEP_EVENTS_MAX_BYTES = env.int("STEP_EVENTS_MAX_BYTES", default=4 * 1024 * 1024)
+STEP_DECORATORS_MAX_BYTES = env.int("STEP_DECORATORS_MAX_BYTES", default=64 * 1024)
+# Parsed workflow documents each process keeps (workflows.engine.parsed), weighed by what
+# each holds in memory (1 to 12 times the document's text; README "Budgets").
+PARSED_CACHE_MAX_BYTES = env.int("PARSED_CACHE_MAX_BYTES", default=64 * 1024 * 1024)
 # The internal do-nothing step image (workflows/steps/noop.py), for tests and the bench only.
 # The step runtime API's base URL as a running step reaches it (the service itself, at the URL
 # root); a step's METADATA_API_URL is this with the step's credential as its user part.
@@ -392,6 +421,16 @@ STEP_RUNTIME_URL = env.str(
     "STEP_RUNTIME_URL", default=f"http://127.0.0.1:{env.int('PORT', default=8000)}"
 ).rstrip("/")
 WORKFLOW_NOOP_STEPS = env.bool("WORKFLOW_NOOP_STEPS", default=False)
+# What one evaluation of an expression (a step's spec, env or `when`, a trigger's `when` or
+# binding, a /spec query) may spend (workflows/dialect/budget.py): steps (nodes, calls, items
+# walked), characters built in all, and the longest value. Over it, the evaluation fails:
+# a 400 at validate/save, a step that fails, a 422 from the step runtime API. The dry runs
+# of one document's constant expressions share EXPRESSION_VALIDATE_MAX_*.
+EXPRESSION_MAX_STEPS = env.int("EXPRESSION_MAX_STEPS", default=500_000)
+EXPRESSION_MAX_CHARS = env.int("EXPRESSION_MAX_CHARS", default=64 * 1024 * 1024)
+EXPRESSION_MAX_VALUE_CHARS = env.int("EXPRESSION_MAX_VALUE_CHARS", default=4 * 1024 * 1024)
+EXPRESSION_VALIDATE_MAX_STEPS = env.int("EXPRESSION_VALIDATE_MAX_STEPS", default=200_000)
+EXPRESSION_VALIDATE_MAX_CHARS = env.int("EXPRESSION_VALIDATE_MAX_CHARS", default=16 * 1024 * 1024)
 
 # Script steps (scriptsteps/, README "Script steps"): `relaysh/core` steps run in bubblewrap on
 # the Celery queue `steps`. Limits are per step; times in seconds, sizes in bytes.

@@ -26,7 +26,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from scriptsteps import container, network, sandbox, tasks
-from scriptsteps.masking import Masker
+from scriptsteps.masking import Masker, strings_in
 from scriptsteps.models import ScriptRun, ScriptStatus
 from stepruntime.credentials import grant
 from workflows import engine
@@ -198,7 +198,7 @@ def _execute(script: ScriptRun, worker: uuid.UUID) -> None:
     # A sandbox (or a container) reaches the runtime API through its own door: its network
     # is its own.
     url = grant(str(script.pk), network.runtime_url_inside())
-    writer = LogWriter(script, worker, [*ctx.secrets, *_credentials_in(url)])
+    writer = LogWriter(script, worker, [*ctx.secrets, *_credentials_in(url)], run_id=ctx.run_id)
     try:
         if runtime is not None:
             result = container.run(runtime, ctx, program_of(ctx, url), writer)
@@ -241,13 +241,21 @@ def _credentials_in(url: str) -> list[str]:
 
 class LogWriter:
     """The step's output as the sandbox gives it: decoded (UTF-8, broken bytes replaced),
-    masked, and stored every tick; with the heartbeat that says its worker lives."""
+    masked, and stored every tick; with the heartbeat that says its worker lives.
 
-    def __init__(self, script: ScriptRun, worker: uuid.UUID, secrets: list[str]) -> None:
+    Besides the secrets it was given, the step can read every sensitive output of its run
+    (GET /outputs/{step}/{name}), also one that a step running beside it sets after it
+    started: before each store the writer reads the run's sensitive outputs as they are now
+    (StepRun.sensitive_values), so a value the step could read before it printed it is
+    masked in what is stored."""
+
+    def __init__(self, script: ScriptRun, worker: uuid.UUID, secrets: list[str], run_id: str = "") -> None:
         self.script = script
         self.worker = worker
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.masker = Masker(secrets)
+        self.run_id = run_id
+        self.seen: dict[Any, Any] = {}  # StepRun.sensitive_values' memory
         self.pending: list[str] = []
         self.last_beat = time.monotonic()
         self.stopped = ""
@@ -256,7 +264,7 @@ class LogWriter:
         text = self.decoder.decode(chunk)
         if text:
             # PostgreSQL text cannot hold NUL.
-            self.pending.append(self.masker.feed(text.replace("\x00", "\ufffd")))
+            self.pending.append(text.replace("\x00", "\ufffd"))
 
     def tick(self) -> str | None:
         self._store()
@@ -273,13 +281,18 @@ class LogWriter:
         return None
 
     def close(self) -> None:
-        self.pending.append(self.masker.feed(self.decoder.decode(b"", final=True)))
-        self.pending.append(self.masker.flush())
-        self._store()
+        self.pending.append(self.decoder.decode(b"", final=True))
+        self._store(final=True)
 
-    def _store(self) -> None:
+    def _store(self, final: bool = False) -> None:
         text = "".join(self.pending)
         self.pending = []
+        if text and self.run_id:
+            sensitive = StepRun.sensitive_values(self.run_id, self.seen)
+            self.masker.add(s for value in sensitive for s in strings_in(value))
+        text = self.masker.feed(text)
+        if final:
+            text += self.masker.flush()
         self.script.append_log(text)
 
 

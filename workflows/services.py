@@ -16,7 +16,10 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
+from django.db.models import F, Window
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from triggers.models import Event, Schedule, WorkflowStart
@@ -25,7 +28,8 @@ from workflows import engine
 from workflows.dialect import cron
 from workflows.dialect.errors import EvaluationError
 from workflows.dialect.evaluate import Data, evaluate
-from workflows.dialect.values import type_name
+from workflows.dialect.problems import DocumentError
+from workflows.dialect.values import type_name, unstorable
 from workflows.dialect.workflow import Trigger as TriggerSpec
 from workflows.models import WorkflowRun
 
@@ -51,7 +55,11 @@ def start_run_for_event(event_id: str) -> WorkflowRun | None:
         workflow = event.trigger.workflow
         revision = workflow.latest_revision() if workflow is not None else None
         kind = event.trigger.kind
-        spec = _trigger_spec(revision, kind, event.trigger.name)
+        try:
+            spec = _trigger_spec(revision, kind, event.trigger.name)
+        except DocumentError as exc:
+            _skip(event, f"The workflow's newest revision is not valid any more: {exc}")
+            return None
         if workflow is None or revision is None or spec is None:
             # The revision that removed the trigger is being saved: the trigger goes with it.
             _skip(event, f"The workflow no longer has a {kind} trigger named {event.trigger.name!r}.")
@@ -73,6 +81,15 @@ def start_run_for_event(event_id: str) -> WorkflowRun | None:
     return run
 
 
+def give_up_workflow_start(event_id: str, exc: Exception) -> None:
+    """The event's run could not be started for a reason trying again would not change."""
+    log.error("event %s: its workflow run could not be started", event_id, exc_info=exc)
+    event = Event.objects.filter(pk=event_id, workflow_start=WorkflowStart.PENDING).first()
+    if event is not None:
+        text = f"{type(exc).__name__}: {exc}".replace("\x00", "\\u0000")
+        _skip(event, f"Its workflow run could not be started: {text}")
+
+
 def _trigger_spec(revision: Any, kind: str, name: str) -> TriggerSpec | None:
     if revision is None:
         return None
@@ -84,17 +101,34 @@ def _trigger_spec(revision: Any, kind: str, name: str) -> TriggerSpec | None:
 
 # Schedule triggers ------------------------------------------------------------------------------
 
-# A tick starts at most this many; the rest are due still, and the next tick takes them.
-SCHEDULES_PER_TICK = 200
-
 
 def start_due_schedules(now: datetime | None = None) -> int:
-    """Start a run for each schedule trigger that is due (an index on next_due finds them;
-    nothing else is read); returns how many started. Safe to run from any number of beats
-    and workers at once: each slot is taken once (start_scheduled_run)."""
+    """Start a run for each schedule trigger that is due, in the order due_in_turn gives;
+    returns how many started. Safe to run from any number of beats and workers at once: each
+    slot is taken once (start_scheduled_run)."""
     now = now or timezone.now()
-    due = Schedule.objects.filter(next_due__lte=now).order_by("next_due").values_list("pk", flat=True)
-    return sum(start_scheduled_run(pk, now) is not None for pk in due[:SCHEDULES_PER_TICK])
+    return sum(start_scheduled_run(pk, now) is not None for pk in due_in_turn(now))
+
+
+def due_in_turn(now: datetime) -> list[Any]:
+    """The due schedules one tick takes (an index on next_due finds them; nothing else is
+    read), fair between owners: owners take turns, each turn every owner's longest-waiting
+    schedule, the longest-waiting first, at most SCHEDULES_PER_OWNER_PER_TICK turns and
+    SCHEDULES_PER_TICK schedules in all. The rest are due still, and later ticks take them:
+    one owner's thousand schedules due at once wait for each other, not everyone else."""
+    due = Schedule.objects.filter(next_due__lte=now)
+    if not due.exists():
+        return []  # most ticks: one look at the index, not the turns' query (0.3 against 8 ms)
+    turn = Window(
+        RowNumber(), partition_by=[F("workflow__owner_id")], order_by=[F("next_due").asc(), F("id").asc()]
+    )
+    due = (
+        due.annotate(turn=turn)
+        .filter(turn__lte=settings.SCHEDULES_PER_OWNER_PER_TICK)
+        .order_by("turn", "next_due", "id")
+        .values_list("pk", flat=True)
+    )
+    return list(due[: settings.SCHEDULES_PER_TICK])
 
 
 def start_scheduled_run(schedule_id: Any, now: datetime) -> WorkflowRun | None:
@@ -114,7 +148,13 @@ def start_scheduled_run(schedule_id: Any, now: datetime) -> WorkflowRun | None:
             return None  # another worker took this slot
         workflow = schedule.workflow
         revision = workflow.latest_revision()
-        spec = _trigger_spec(revision, "schedule", schedule.name)
+        try:
+            spec = _trigger_spec(revision, "schedule", schedule.name)
+        except DocumentError as exc:
+            # Saved under older rules: this slot is taken, and the next one asks again (an
+            # error here would undo the take, and every tick would fail on it for ever).
+            schedule.note(f"The workflow's newest revision is not valid any more: {exc}")
+            return None
         if revision is None or spec is None:
             # The revision that removes it is being saved: the schedule goes with it.
             return None
@@ -180,8 +220,11 @@ def _bind(bindings: Mapping[str, Any], data: Data) -> tuple[dict[str, Any], dict
         except EvaluationError as exc:
             unbound[name] = str(exc)
             continue
-        if result.complete:
-            parameters[name] = result.value
-        else:
+        if not result.complete:
             unbound[name] = f"it refers to {engine.describe(result.unresolvable)}"
+        elif (why := unstorable(result.value)) is not None:
+            # A run's parameters are kept as JSON: such a value would fail every try.
+            unbound[name] = f"its value cannot be a parameter: {why}"
+        else:
+            parameters[name] = result.value
     return parameters, unbound

@@ -26,9 +26,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from django.conf import settings
 from jsonschema import Draft7Validator, FormatChecker, ValidationError
 
 from workflows.dialect import cron, expr, imageref
+from workflows.dialect.budget import Budget, exceeded
 from workflows.dialect.errors import EvaluationError, ExpressionError, PathError
 from workflows.dialect.evaluate import TEMPLATE_NAMES, Data, WorkflowEvaluator
 from workflows.dialect.fnlib import LIBRARY, ArgumentError
@@ -67,8 +69,10 @@ class Validation:
         return not self.problems
 
 
-def validate(text: str) -> Validation:
-    """The workflow, or the problems that make the document invalid (with their places)."""
+def validate(text: str, *, stored: bool = False) -> Validation:
+    """The workflow, or the problems that make the document invalid (with their places).
+    `stored`: a revision saved before (the engine reads those), whose budgets (schedule
+    triggers per workflow) are not checked again, so that lowering one stops no run."""
     try:
         document = load(text)
     except DocumentError as exc:
@@ -76,12 +80,12 @@ def validate(text: str) -> Validation:
     problems = schema_problems(document)
     if problems:
         return Validation(None, problems)
-    return _Checker(document).run()
+    return _Checker(document, budgets=not stored).run()
 
 
-def parse(text: str) -> Workflow:
-    """The workflow of a valid document; DocumentError otherwise."""
-    result = validate(text)
+def parse(text: str, *, stored: bool = False) -> Workflow:
+    """The workflow of a valid document; DocumentError otherwise (`stored`: as validate's)."""
+    result = validate(text, stored=stored)
     if result.workflow is None:
         raise DocumentError(result.problems)
     return result.workflow
@@ -209,8 +213,9 @@ _TRIGGER_EXPRESSIONS = ("when", "binding")
 
 
 class _Checker:
-    def __init__(self, document: Document) -> None:
+    def __init__(self, document: Document, budgets: bool = True) -> None:
         self.document = document
+        self.budgets = budgets
         self.raw: dict[str, Any] = document.raw
         self.tree: dict[str, Any] = document.tree
         self.problems: list[Problem] = []
@@ -223,6 +228,9 @@ class _Checker:
             False: WorkflowEvaluator(Data()),
             True: WorkflowEvaluator(Data(event_available=True)),
         }
+        # What every dry run of the document spends, together, and what each text found.
+        self.budget = Budget.for_validation()
+        self.dry_runs: dict[tuple[bool, str], tuple[str, str] | None] = {}
         self.references: dict[str, set[Any]] = {
             "parameters": set(),
             "secrets": set(),
@@ -245,6 +253,8 @@ class _Checker:
         ]
         self.check_unique("steps", "step")
         self.check_unique("triggers", "trigger")
+        if self.budgets:
+            self.check_schedule_count(triggers)
         self.check_cycles(steps)
         if self.problems:
             return Validation(None, self.problems, self.warnings)
@@ -394,6 +404,18 @@ class _Checker:
             when=deepcopy(raw_trigger.get("when")),
         )
 
+    def check_schedule_count(self, triggers: list[Trigger]) -> None:
+        """At most SCHEDULES_PER_WORKFLOW schedule triggers (each starts runs on its own):
+        the first one past it is the error."""
+        most = settings.SCHEDULES_PER_WORKFLOW
+        schedules = [trigger for trigger in triggers if trigger.kind == "schedule"]
+        if len(schedules) > most:
+            self.error(
+                schedules[most].pointer,
+                f"A workflow has at most {most} schedule triggers (SCHEDULES_PER_WORKFLOW); "
+                f"this one is number {most + 1} of {len(schedules)}.",
+            )
+
     def check_image(self, raw: dict[str, Any], pointer: str) -> None:
         # The container runtime's command line takes it (scriptsteps/container.py): a
         # reference or nothing, never text that could read as an option.
@@ -446,24 +468,44 @@ class _Checker:
         reads data is not judged: the data may decide which parts are evaluated.)"""
         if not self._constant(tree, in_trigger):
             return
+        if isinstance(tree, str):
+            # A document repeats its expressions: each text is evaluated once.
+            key = (in_trigger, tree)
+            if key not in self.dry_runs:
+                self.dry_runs[key] = self._dry_run_problem(tree, "", in_trigger)
+            found = self.dry_runs[key]
+        else:
+            found = self._dry_run_problem(tree, "", in_trigger)
+        if found is not None:
+            self.error(pointer + found[0], found[1])
+
+    def _dry_run_problem(self, tree: Any, pointer: str, in_trigger: bool) -> tuple[str, str] | None:
+        """(the pointer under `tree`, the problem), or None when the evaluation works."""
         try:
-            self.evaluators[in_trigger].evaluate(Context(), tree, -1)
+            self.evaluators[in_trigger].evaluate(Context(budget=self.budget), tree, -1)
         except EvaluationError as exc:
+            over = exceeded(exc)
+            if over is not None:
+                return pointer, f"This expression is over the evaluation budget: {over}."
             # The evaluator names the path under `tree` where it failed.
             error: BaseException = exc
             while isinstance(error, PathError):
                 pointer = child_pointer(pointer, error.path)
                 error = error.cause
-            self.error(pointer, f"This expression fails whatever the data: {error}.")
+            return pointer, f"This expression fails whatever the data: {error}."
         except RecursionError:
-            self.error(pointer, "This expression nests too deeply.")
+            return pointer, "This expression nests too deeply."
+        return None
 
     def _constant(self, tree: Any, in_trigger: bool) -> bool:
         if isinstance(tree, str):
             if "$" not in tree:
                 return True
             template = self.evaluators[in_trigger].template(tree)
-            return not any(isinstance(n, expr.Var) for e in template.expressions for n in expr.walk(e.node))
+            # A path in a pipe's right side reads the pipe's input, not the data.
+            return not any(
+                isinstance(n, expr.Var) for e in template.expressions for n in _environment_nodes(e.node)
+            )
         if isinstance(tree, list):
             return all(self._constant(item, in_trigger) for item in tree)
         if isinstance(tree, dict):
@@ -664,19 +706,23 @@ def _invocation_arguments(value: Any) -> list[Any] | dict[str, Any]:
 
 
 def _environment_nodes(node: expr.Node) -> Iterator[expr.Node]:
-    """Function calls, and paths that start at the template's data (not a pipe's input)."""
-    if isinstance(node, expr.Var):
-        yield node
-    elif isinstance(node, expr.Call):
-        yield node
-    if isinstance(node, expr.Pipe):
-        yield from _environment_nodes(node.left)
-        for inner in expr.walk(node.right):
-            if isinstance(inner, expr.Call):
-                yield inner
-        return
-    for child in node.children():
-        yield from _environment_nodes(child)
+    """Function calls, and paths that start at the template's data (not a pipe's input).
+    (A loop, not nested generators, which are quadratic in the depth of the tree.)"""
+    pending: list[tuple[expr.Node, bool]] = [(node, True)]  # (node, whether to look under it)
+    while pending:
+        current, under = pending.pop()
+        if isinstance(current, expr.Var | expr.Call):
+            yield current
+        if not under:
+            continue
+        if isinstance(current, expr.Pipe):
+            # The right side reads the pipe's input: only its calls matter here, after the
+            # left side's nodes.
+            calls = [inner for inner in expr.walk(current.right) if isinstance(inner, expr.Call)]
+            pending.extend((call, False) for call in reversed(calls))
+            pending.append((current.left, True))
+            continue
+        pending.extend((child, True) for child in reversed(list(current.children())))
 
 
 def _container(raw: dict[str, Any]) -> Container:
