@@ -16,7 +16,7 @@ revision that no longer declares it deletes it).
 
 Other staff's Django permissions give what sends nothing anywhere as anyone: seeing a trigger
 (`view_trigger`, or `change_trigger`, which implies view as everywhere in the admin), never
-its token or Slack webhook URL, which no page shows; and deleting one of its own kind
+its token or Slack webhook URL, which no page shows; and deleting a standalone one
 (`delete_trigger`, with view; its events go with it, whatever the events' permissions).
 `change_trigger` gives nothing more on another user's trigger.
 
