@@ -195,11 +195,11 @@ def test_bad_tokens_are_401_or_403_problems_and_store_nothing(api):
 @pytest.mark.parametrize(
     ("body", "extra", "status", "detail"),
     [
-        (b"{not json", {}, 400, "The body is not JSON: "),
+        (b"{not json", {}, 400, "The body is not valid JSON: "),
         (b"[1, 2]", {}, 400, "The body is an array; a webhook's event is a JSON object"),
         (b'"text"', {}, 400, "The body is str; a webhook's event is a JSON object"),
-        (b'{"a": "\xc3\x28"}', {}, 400, "The body is not UTF-8 JSON."),
-        (b"[" * 100_000 + b"]" * 100_000, {}, 400, "The body nests too deeply."),
+        (b'{"a": "\xc3\x28"}', {}, 400, "The body is not UTF-8 JSON: "),
+        (b"[" * 100_000 + b"]" * 100_000, {}, 400, "The body is nested deeper than 64 levels."),
         (
             b"{}",
             {"content_type": "text/plain"},
