@@ -87,6 +87,16 @@ class OwnedAdmin(admin.ModelAdmin):
     def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, str]:
         return {"owner": str(request.user.pk), **super().get_changeform_initial_data(request)}
 
+    def get_autocomplete_fields(self, request: HttpRequest) -> list[str]:
+        return list(self.autocomplete_fields) if request.user.is_superuser else []
+
+    def formfield_for_foreignkey(self, db_field: object, request: HttpRequest, **kwargs: object) -> object:
+        # A new row is its maker's, unless a superuser says otherwise: its token (or secret)
+        # would otherwise be another user's, used by their workflows, chosen by this one.
+        if getattr(db_field, "name", "") == "owner" and not request.user.is_superuser:
+            kwargs["queryset"] = get_user_model()._default_manager.filter(pk=request.user.pk)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
     def changeform_view(
         self,
         request: HttpRequest,

@@ -102,7 +102,7 @@ def with_perms(name: str, *codenames: str) -> User:
 
 
 def test_an_approver_sees_the_evidence_and_approves(waiting):
-    approver = logged_in(with_perms("ann", "approve_steprun"))
+    approver = logged_in(with_perms("ann", "approve_steprun", "view_workflowrun"))
     page = approver.get(f"/admin/workflows/approval/{waiting.pk}/change/").content.decode()
     assert 'value="Approve"' in page and 'value="Reject"' in page
     assert "&quot;changes&quot;: 3" in page  # what the step before it found
@@ -113,7 +113,7 @@ def test_an_approver_sees_the_evidence_and_approves(waiting):
 
 
 def test_without_the_permission_an_approval_is_read_only(waiting):
-    viewer = logged_in(with_perms("vic", "view_approval"))
+    viewer = logged_in(with_perms("vic", "view_workflowrun"))
     page = viewer.get(f"/admin/workflows/approval/{waiting.pk}/change/").content.decode()
     assert 'value="Approve"' not in page and "waits for an answer from someone who may approve" in page
     assert viewer.post(f"/admin/workflows/approval/{waiting.pk}/reject/").status_code == 403

@@ -5,6 +5,7 @@ from django.utils.html import format_html, format_html_join
 
 from relay.admin import TokenHolderAdmin
 from triggers.models import Event, Trigger
+from workflows.permissions import Action, may
 
 
 @admin.register(Trigger)
@@ -54,6 +55,20 @@ class TriggerAdmin(TokenHolderAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Trigger | None = None) -> list[str]:
         fields = super().get_readonly_fields(request, obj)
         return [*fields, "name"] if obj is not None and obj.workflow_id else fields
+
+    # A workflow's trigger starts runs as the workflow's owner: its filters and token are the
+    # owner's and superusers' alone, as its document is (workflows.permissions), whatever
+    # permissions on triggers other staff hold; its owner sees and changes it here.
+
+    def has_view_permission(self, request: HttpRequest, obj: Trigger | None = None) -> bool:
+        if obj is not None and obj.workflow_id and may(request.user, Action.CHANGE, obj.workflow):
+            return True
+        return super().has_view_permission(request, obj)
+
+    def has_change_permission(self, request: HttpRequest, obj: Trigger | None = None) -> bool:
+        if obj is not None and obj.workflow_id:
+            return may(request.user, Action.CHANGE, obj.workflow)
+        return super().has_change_permission(request, obj)
 
     def has_delete_permission(self, request: HttpRequest, obj: Trigger | None = None) -> bool:
         # A workflow's trigger goes when a revision of the workflow no longer declares it.

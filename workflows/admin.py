@@ -1,6 +1,11 @@
 """Workflows (the document edited in place, its errors under it), their runs (steps with
 statuses, timings and outputs, the event that started them), and approvals with their
-approve and reject buttons (for users with workflows.approve_steprun; read-only to others)."""
+approve and reject buttons (for users with workflows.approve_steprun; read-only to others).
+
+Who may do what is workflows.permissions, as in the API: staff see and manage their own
+workflows, runs and approvals here whatever their permissions; other users' need the
+permissions it names, and their documents, secrets, triggers and owners are theirs (and
+superusers') alone."""
 
 import json
 import uuid
@@ -8,6 +13,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
@@ -24,6 +30,7 @@ from workflows.dialect.validate import validate
 from workflows.models import (
     Approval,
     Conflict,
+    RunStatus,
     StepKind,
     StepRun,
     StepStatus,
@@ -32,6 +39,7 @@ from workflows.models import (
     WorkflowRun,
     WorkflowSecret,
 )
+from workflows.permissions import Action, is_superuser, may, runs_for, steps_for, workflows_for
 
 
 def puppet_run_of(step: StepRun) -> Run | None:
@@ -98,6 +106,16 @@ class WorkflowForm(forms.ModelForm):
         if latest is not None:
             self.fields["source"].initial = latest.source
 
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        # Names are unique per owner; when the owner is not a field of this form (a change by
+        # anyone but a superuser), the form does not check the model's constraint: here.
+        if "owner" not in self.fields and data.get("name"):
+            taken = Workflow.objects.filter(owner=self.instance.owner_id, name=data["name"])
+            if taken.exclude(pk=self.instance.pk).exists():
+                self.add_error("name", "The owner already has a workflow with this name.")
+        return data
+
     def clean_source(self) -> str:
         source = self.cleaned_data["source"]
         result = validate(source)
@@ -137,7 +155,24 @@ class SecretForm(forms.ModelForm):
         return data
 
 
-class SecretInline(admin.TabularInline):
+class WorkflowPartInline(admin.TabularInline):
+    """A part of the workflow (its secrets, its revisions): seen with it, and changed by
+    whoever may change it (workflows.permissions), not by the part's own model permissions."""
+
+    def has_view_permission(self, request: HttpRequest, obj: Workflow | None = None) -> bool:
+        return obj is None or may(request.user, Action.VIEW, obj)
+
+    def has_add_permission(self, request: HttpRequest, obj: Workflow | None = None) -> bool:
+        return obj is None or may(request.user, Action.CHANGE, obj)
+
+    def has_change_permission(self, request: HttpRequest, obj: Workflow | None = None) -> bool:
+        return obj is None or may(request.user, Action.CHANGE, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Workflow | None = None) -> bool:
+        return obj is None or may(request.user, Action.CHANGE, obj)
+
+
+class SecretInline(WorkflowPartInline):
     model = WorkflowSecret
     form = SecretForm
     fields = ["name", "value", "updated_at", "updated_by"]
@@ -145,7 +180,7 @@ class SecretInline(admin.TabularInline):
     extra = 0
 
 
-class RevisionInline(admin.TabularInline):
+class RevisionInline(WorkflowPartInline):
     """Revisions are the history of the document: shown, never edited."""
 
     model = WorkflowRevision
@@ -156,6 +191,12 @@ class RevisionInline(admin.TabularInline):
     ordering = ["-number"]
 
     def has_add_permission(self, request: HttpRequest, obj: Workflow | None = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Workflow | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Workflow | None = None) -> bool:
         return False
 
 
@@ -171,8 +212,53 @@ class WorkflowAdmin(admin.ModelAdmin):
     def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, str]:
         return {"owner": str(request.user.pk), **super().get_changeform_initial_data(request)}
 
+    # Permissions: workflows.permissions. Every staff user has the module and the list (of
+    # what they may see); each row says what may be done to it.
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Workflow]:
+        return workflows_for(request.user, super().get_queryset(request))
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return request.user.is_active and request.user.is_staff
+
+    def has_view_permission(self, request: HttpRequest, obj: Workflow | None = None) -> bool:
+        return obj is None or may(request.user, Action.VIEW, obj)
+
+    def has_change_permission(self, request: HttpRequest, obj: Workflow | None = None) -> bool:
+        return obj is None or may(request.user, Action.CHANGE, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Workflow | None = None) -> bool:
+        return obj is None or may(request.user, Action.DELETE, obj)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Workflow | None = None) -> list[str]:
+        # Only a superuser gives a workflow to someone else (Workflow.hand_over).
+        fields = list(super().get_readonly_fields(request, obj))
+        return fields if obj is None or is_superuser(request.user) else ["owner", *fields]
+
+    def get_autocomplete_fields(self, request: HttpRequest) -> list[str]:
+        return list(self.autocomplete_fields) if is_superuser(request.user) else []
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        # A new workflow is its maker's, unless a superuser says otherwise.
+        if db_field.name == "owner" and not is_superuser(request.user):
+            kwargs["queryset"] = get_user_model()._default_manager.filter(pk=request.user.pk)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple:
+        """As the API's delete: the workflow's runs, triggers and secrets go with it, for
+        whoever may delete it (not by their own models' permissions), and never while one of
+        its runs is not complete (those are shown as protected)."""
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        refused = [w for w in objs if not self.has_delete_permission(request, w)]
+        perms_needed = {self.opts.verbose_name} if refused else set()
+        busy = WorkflowRun.objects.filter(workflow__in=list(objs)).exclude(status=RunStatus.COMPLETE)
+        protected = [*protected, *(f"Run {run.pk} ({run.status}): cancel it first" for run in busy)]
+        return deleted, counts, perms_needed, protected
+
     def save_model(self, request: HttpRequest, obj: Workflow, form: WorkflowForm, change: bool) -> None:
         obj.save()
+        if change and "owner" in form.changed_data:  # a superuser's (get_readonly_fields)
+            obj.hand_over(obj.owner)
         latest = obj.latest_revision()
         source = form.cleaned_data["source"]
         if latest is None or latest.source != source:
@@ -312,6 +398,24 @@ class WorkflowRunAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
+    # Permissions: workflows.permissions, as the workflows' above.
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowRun]:
+        return runs_for(request.user, super().get_queryset(request))
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return request.user.is_active and request.user.is_staff
+
+    def has_view_permission(self, request: HttpRequest, obj: WorkflowRun | None = None) -> bool:
+        return obj is None or may(request.user, Action.VIEW_RUNS, obj.workflow)
+
+    def has_change_permission(self, request: HttpRequest, obj: WorkflowRun | None = None) -> bool:
+        # The only change is a cancel (the action, which checks each run): the page is read-only.
+        return obj is None or may(request.user, Action.CANCEL, obj.workflow)
+
+    def has_delete_permission(self, request: HttpRequest, obj: WorkflowRun | None = None) -> bool:
+        return False  # runs go with their workflow, as in the API
+
     @admin.display(description="script logs")
     def script_logs(self, run: WorkflowRun) -> str:
         """Each script step's log tail, which grows on the page while the step runs."""
@@ -350,7 +454,16 @@ class WorkflowRunAdmin(admin.ModelAdmin):
     @admin.action(description="Cancel the selected runs", permissions=["change"])
     def cancel_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
         done, refused = 0, 0
-        for run in queryset:
+        runs = list(queryset.select_related("workflow"))
+        denied = [run for run in runs if not may(request.user, Action.CANCEL, run.workflow)]
+        if denied:
+            self.message_user(
+                request,
+                f"You may not cancel runs of another user's workflow: nothing was cancelled ({len(denied)}).",
+                messages.ERROR,
+            )
+            return
+        for run in runs:
             try:
                 engine.cancel_run(run)
                 done += 1
@@ -399,13 +512,17 @@ class ApprovalAdmin(admin.ModelAdmin):
     readonly_fields = fields
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[StepRun]:
-        return super().get_queryset(request).filter(kind=StepKind.APPROVAL).order_by("status", "-started_at")
+        approvals = super().get_queryset(request).filter(kind=StepKind.APPROVAL)
+        return steps_for(request.user, approvals).order_by("status", "-started_at")
+
+    # Permissions: workflows.permissions. An approval is a step of a run: whoever sees the run
+    # sees it (its evidence is the run's outputs); answering needs approve_steprun as well.
 
     def has_view_permission(self, request: HttpRequest, obj: StepRun | None = None) -> bool:
-        return super().has_view_permission(request, obj) or request.user.has_perm("workflows.approve_steprun")
+        return obj is None or may(request.user, Action.VIEW_RUNS, obj.run.workflow)
 
     def has_module_permission(self, request: HttpRequest) -> bool:
-        return super().has_module_permission(request) or request.user.has_perm("workflows.approve_steprun")
+        return request.user.is_active and request.user.is_staff
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -452,7 +569,7 @@ class ApprovalAdmin(admin.ModelAdmin):
         context["can_answer"] = bool(
             step is not None
             and step.status == StepStatus.IN_PROGRESS
-            and request.user.has_perm("workflows.approve_steprun")
+            and may(request.user, Action.APPROVE, step.run.workflow)
         )
         return super().render_change_form(request, context, *args, **kwargs)
 
@@ -481,10 +598,8 @@ class ApprovalAdmin(admin.ModelAdmin):
     def _answer(self, request: HttpRequest, object_id: str, approve: bool) -> HttpResponse:
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
-        step = get_object_or_404(self.get_queryset(request), pk=object_id)
-        if not (
-            self.has_view_permission(request, step) and request.user.has_perm("workflows.approve_steprun")
-        ):
+        step = get_object_or_404(self.get_queryset(request).select_related("run__workflow"), pk=object_id)
+        if not may(request.user, Action.APPROVE, step.run.workflow):
             return HttpResponse("Answering approvals needs the permission to approve them.", status=403)
         try:
             engine.answer(step, request.user, approve)

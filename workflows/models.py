@@ -81,6 +81,22 @@ class Workflow(models.Model):
             self.sync_schedules(document)
             return revision
 
+    def hand_over(self, owner: Any) -> None:
+        """Make `owner` the workflow's owner (a superuser's decision: workflows.permissions).
+        Its push and webhook triggers follow it with new tokens, which no one is shown (the
+        new owner regenerates one to copy): whoever held the old ones, the previous owner
+        among them, could otherwise start runs that run with the new owner's connections. A
+        trigger's Slack webhook goes too: it was the previous owner's channel."""
+        with transaction.atomic():
+            Workflow.objects.select_for_update().filter(pk=self.pk).update(owner=owner)
+            self.owner = owner
+            for trigger in self.push_triggers.select_for_update():
+                trigger.owner = owner
+                trigger.issue_token()
+                if trigger.has_slack_webhook:
+                    trigger.set_slack_webhook("")
+        log.info("workflow %s handed over to user %s", self.pk, owner.pk)
+
     def sync_token_triggers(self, document: ParsedWorkflow) -> tuple[NewTrigger, ...]:
         """Make the push and webhook triggers (triggers.Trigger) the document declares and
         this workflow has not, each with a new token; delete those it no longer declares

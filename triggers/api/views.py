@@ -31,6 +31,7 @@ from triggers.api.serializers import (
 from triggers.ingest import receive
 from triggers.models import Event, EventState, Trigger, TriggerKind
 from triggers.objects import body_name
+from workflows.permissions import Action, may
 
 
 @extend_schema_view(
@@ -52,6 +53,21 @@ class TriggerViewSet(TokenHolderViewSet):
 
     def get_queryset(self) -> QuerySet[Trigger]:
         return super().get_queryset().select_related("workflow")
+
+    def check_object_permissions(self, request: Request, obj: Trigger) -> None:
+        super().check_object_permissions(request, obj)
+        # A workflow's trigger starts runs as the workflow's owner: its token and filters are
+        # the owner's alone, as its document is (workflows.permissions), whatever `change`
+        # permission on triggers other staff hold.
+        if (
+            obj.workflow_id is not None
+            and request.method in ("POST", "PUT", "PATCH")
+            and not may(request.user, Action.CHANGE, obj.workflow)
+        ):
+            raise exceptions.PermissionDenied(
+                "A workflow's trigger starts runs with its owner's connections, so only the "
+                "workflow's owner or a superuser may change it or regenerate its token."
+            )
 
     def perform_destroy(self, instance: Trigger) -> None:
         if instance.workflow_id is not None:

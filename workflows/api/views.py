@@ -1,18 +1,20 @@
 """Workflows, their runs, approvals and secrets over the API (user auth).
 
-Permissions are the admin's, as everywhere (relay.api.permissions): a user does anything to
-their own workflows and their runs; anyone else's need staff status and the model's
-permission (`view`; `change` to save a revision or set a secret; `delete`; `add` on
-workflow runs to start one; `change` on workflow runs to cancel one). Answering an approval
-needs `workflows.approve_steprun`, the owner included: approving is a decision of its own,
-apart from writing the workflow. Rows a user may not see are 404s.
+Who may do what is workflows.permissions, the admin's rule too: a user does anything to their
+own workflows and runs (answering an approval needs `workflows.approve_steprun`, the owner
+included). What decides the code that runs as the owner (the document, its triggers and
+secrets) and starting a run are the owner's and superusers' alone; other staff's permissions
+give view, delete, the view of runs, cancel and approvals. Rows a user may not see are 404s;
+what they may not do to a row they see is a 403.
 
 A workflow is named in the path; it is the requester's own, or with `?owner=<username>`
-(staff with the view permission) another user's.
+(staff with the view permission) another user's. A superuser makes one for another user with
+`POST /api/workflows/?owner=<username>`.
 """
 
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from drf_spectacular.utils import (
@@ -31,7 +33,6 @@ from rest_framework.views import APIView
 from connections.models import name_validator
 from relay.api.exceptions import Conflict as ConflictError
 from relay.api.params import query_int, query_text
-from relay.api.permissions import may_for_all
 from relay.api.problems import PROBLEM_CONTENT_TYPE, problem
 from relay.api.views import NO_STORE
 from scriptsteps import services as scripts
@@ -57,6 +58,7 @@ from workflows.models import (
     WorkflowRun,
     WorkflowSecret,
 )
+from workflows.permissions import Action, is_superuser, may, runs_for, workflows_for
 
 INVALID_WORKFLOW = OpenApiResponse(
     inline_serializer(
@@ -137,18 +139,29 @@ class WorkflowValidateView(APIView):
 OWNER_PARAMETER = OpenApiParameter(
     "owner", str, description="Another user's workflow (staff with the view permission)."
 )
+NEW_OWNER_PARAMETER = OpenApiParameter(
+    "owner", str, description="Whose workflow it is: the requester's, or (superusers only) another user's."
+)
+# Why the owner's alone: said in each 403.
+OWNERS_ALONE = "runs with its owner's connections, so only its owner or a superuser may {what}."
 
 
-def _deny(user: Any, action: str, model: type, what: str) -> None:
-    if not may_for_all(user, action, model):
-        raise exceptions.PermissionDenied(f"You may not {what} another user's workflow.")
+def _require(user: Any, action: Action, workflow: Workflow, what: str) -> None:
+    if not may(user, action, workflow):
+        if action in (Action.CHANGE, Action.RUN):
+            detail = "A workflow " + OWNERS_ALONE.format(what=what)
+        else:
+            detail = f"You may not {what} another user's workflow."
+        raise exceptions.PermissionDenied(detail)
 
 
 @extend_schema_view(
     list=extend_schema(parameters=[OWNER_PARAMETER]),
     retrieve=extend_schema(parameters=[OWNER_PARAMETER]),
     create=extend_schema(
-        request=WorkflowCreateSerializer, responses={201: WorkflowSerializer, 400: INVALID_WORKFLOW}
+        request=WorkflowCreateSerializer,
+        responses={201: WorkflowSerializer, 400: INVALID_WORKFLOW, 403: PROBLEM},
+        parameters=[NEW_OWNER_PARAMETER],
     ),
     update=extend_schema(
         request=WorkflowUpdateSerializer,
@@ -169,13 +182,11 @@ class WorkflowViewSet(viewsets.GenericViewSet):
 
     def get_queryset(self) -> QuerySet[Workflow]:
         user = self.request.user
-        rows = Workflow.objects.select_related("owner")
+        rows = workflows_for(user, Workflow.objects.select_related("owner"))
         owner = query_text(self.request, "owner")
         if owner is not None and owner != user.get_username():
-            if not may_for_all(user, "view", Workflow):
-                return rows.none()
             return rows.filter(owner__username=owner)
-        if self.action == "list" and may_for_all(user, "view", Workflow) and owner is None:
+        if self.action == "list" and owner is None:
             return rows
         return rows.filter(owner=user)
 
@@ -193,32 +204,48 @@ class WorkflowViewSet(viewsets.GenericViewSet):
         return Response(WorkflowSerializer(self.get_object()).data)
 
     def create(self, request: Request) -> Response:
+        owner = self._new_owner(request)
         fields = WorkflowCreateSerializer(data=request.data)
         fields.is_valid(raise_exception=True)
         data = fields.validated_data
-        if Workflow.objects.filter(owner=request.user, name=data["name"]).exists():
-            raise exceptions.ValidationError(
-                {"name": ["You already have a workflow with this name."]}, "unique"
-            )
+        taken = (
+            "You already have a workflow with this name."
+            if owner == request.user
+            else f"{owner.get_username()} already has a workflow with this name."
+        )
+        if Workflow.objects.filter(owner=owner, name=data["name"]).exists():
+            raise exceptions.ValidationError({"name": [taken]}, "unique")
         try:
             with transaction.atomic():
                 workflow = Workflow.objects.create(
-                    owner=request.user, name=data["name"], description=data["description"]
+                    owner=owner, name=data["name"], description=data["description"]
                 )
                 revision = workflow.add_revision(data["source"], request.user)
         except DocumentError as exc:
             return invalid_document(request, exc.problems)
         except IntegrityError:  # a concurrent create of the same name
-            raise exceptions.ValidationError(
-                {"name": ["You already have a workflow with this name."]}, "unique"
-            ) from None
+            raise exceptions.ValidationError({"name": [taken]}, "unique") from None
         body = WorkflowSerializer(workflow, context={"new_triggers": revision.new_triggers}).data
         return Response(body, status=status.HTTP_201_CREATED, headers=NO_STORE)
 
+    def _new_owner(self, request: Request) -> Any:
+        """The requester, or the user `?owner=` names when a superuser makes it."""
+        username = query_text(request, "owner")
+        if username is None or username == request.user.get_username():
+            return request.user
+        if not is_superuser(request.user):
+            raise exceptions.PermissionDenied(
+                "A workflow runs with its owner's connections, so only a superuser makes one for "
+                "another user."
+            )
+        owner = get_user_model()._default_manager.filter(username=username, is_active=True).first()
+        if owner is None:
+            raise exceptions.ValidationError({"owner": ["No active user has this username."]}, "unknown")
+        return owner
+
     def update(self, request: Request, name: str) -> Response:
         workflow = self.get_object()
-        if workflow.owner_id != request.user.pk:
-            _deny(request.user, "change", Workflow, "change")
+        _require(request.user, Action.CHANGE, workflow, "change its document")
         fields = WorkflowUpdateSerializer(data=request.data)
         fields.is_valid(raise_exception=True)
         try:
@@ -234,8 +261,7 @@ class WorkflowViewSet(viewsets.GenericViewSet):
 
     def destroy(self, request: Request, name: str) -> Response:
         workflow = self.get_object()
-        if workflow.owner_id != request.user.pk:
-            _deny(request.user, "delete", Workflow, "delete")
+        _require(request.user, Action.DELETE, workflow, "delete")
         with transaction.atomic():
             Workflow.objects.select_for_update().filter(pk=workflow.pk).first()
             if workflow.runs.exclude(status=RunStatus.COMPLETE).exists():
@@ -260,8 +286,7 @@ class WorkflowViewSet(viewsets.GenericViewSet):
         """Start a run of the newest revision. A required parameter without a value, or one
         the workflow does not declare, is a 400 pointing at `#/parameters/<name>`."""
         workflow = self.get_object()
-        if workflow.owner_id != request.user.pk and not may_for_all(request.user, "add", WorkflowRun):
-            raise exceptions.PermissionDenied("You may not start runs of another user's workflow.")
+        _require(request.user, Action.RUN, workflow, "start its runs")
         fields = WorkflowRunCreateSerializer(data=request.data)
         fields.is_valid(raise_exception=True)
         try:
@@ -297,8 +322,7 @@ class WorkflowViewSet(viewsets.GenericViewSet):
 
     def _for_secrets(self, request: Request) -> Workflow:
         workflow = self.get_object()
-        if workflow.owner_id != request.user.pk:
-            _deny(request.user, "change", Workflow, "change the secrets of")
+        _require(request.user, Action.CHANGE, workflow, "change its secrets")
         try:
             name_validator(self.kwargs["secret"])
         except Exception:
@@ -348,13 +372,10 @@ class WorkflowRunViewSet(viewsets.GenericViewSet):
     lookup_value_converter = "uuid"
 
     def get_queryset(self) -> QuerySet[WorkflowRun]:
-        user = self.request.user
         runs = WorkflowRun.objects.select_related(
             "workflow__owner", "revision", "created_by"
         ).prefetch_related("steps__decided_by")
-        if not may_for_all(user, "view", WorkflowRun):
-            runs = runs.filter(workflow__owner=user)
-        return runs
+        return runs_for(self.request.user, runs)
 
     def list(self, request: Request) -> Response:
         runs = self.get_queryset()
@@ -377,8 +398,7 @@ class WorkflowRunViewSet(viewsets.GenericViewSet):
         """Cancel the run: steps not started are skipped, steps in progress cancelled (a
         Puppet run through its own cancel). 409 when the run is complete."""
         run = self.get_object()
-        if run.workflow.owner_id != request.user.pk and not may_for_all(request.user, "change", WorkflowRun):
-            raise exceptions.PermissionDenied("You may not cancel runs of another user's workflow.")
+        _require(request.user, Action.CANCEL, run.workflow, "cancel runs of")
         try:
             engine.cancel_run(run)
         except Conflict as exc:
@@ -421,7 +441,7 @@ class WorkflowRunViewSet(viewsets.GenericViewSet):
         step = StepRun.objects.filter(run=run, name=step_name).first()
         if step is None:
             raise exceptions.NotFound("The run has no step by this name.")
-        if not request.user.has_perm("workflows.approve_steprun"):
+        if not may(request.user, Action.APPROVE, run.workflow):
             raise exceptions.PermissionDenied(
                 "Answering approvals needs the permission to approve them (workflows.approve_steprun)."
             )
