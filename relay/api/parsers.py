@@ -43,7 +43,7 @@ class RefusedJSON(ValueError):
         return pointer_to(self.path or ())
 
     def __str__(self) -> str:
-        return self.detail if self.path is None else f"{self.detail} (at {self.pointer})"
+        return self.detail if self.path is None else f"{self.pointer}: {self.detail}"
 
 
 def read_json(body: bytes, most: int = MAX_JSON_DEPTH) -> Any:
