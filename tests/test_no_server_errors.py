@@ -237,3 +237,17 @@ def _html(live_server, path: str) -> tuple[int, str, None]:
         return response.status, response.getheader("Content-Type", ""), None
     finally:
         connection.close()
+
+
+def test_a_database_refusal_is_not_quoted_in_an_event_s_failure_reason():
+    """PostgreSQL's message quotes the SQL it refused, with the event's data in it: such a
+    reason ("DataError: invalid input syntax for type json … LINE 1: …") is for the log."""
+    from django.db import DataError
+
+    from triggers.services import _reason
+
+    refused = DataError('invalid input syntax for type json\nLINE 1: ... E\'{"token": "s3cret-value"}\'')
+    reason = _reason(refused)
+    assert "s3cret" not in reason and "LINE" not in reason
+    assert reason == "the database refused what was read (DataError); the worker's log has why."
+    assert _reason(TypeError("tags is 7")) == "TypeError: tags is 7"
