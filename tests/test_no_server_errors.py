@@ -41,6 +41,8 @@ UNKEEPABLE = {
     "1e400": (b"1e400", "A number is too large for a float64"),
     "-1e400": (b"-1e400", "A number is too large for a float64"),
     "400 digits": (b"9" * 400, "A number is too large for a float64"),
+    "250 digits and e99": (b"9" * 250 + b"e99", "A number is too large for a float64"),
+    "an exponent of 0400": (b"1E+0400", "A number is too large for a float64"),
     "NaN": (b"NaN", "NaN is not JSON"),
     "-Infinity": (b"-Infinity", "-Infinity is not JSON"),
     "65 levels": (b"[" * 65 + b"]" * 65, "nested deeper than 64 levels"),
