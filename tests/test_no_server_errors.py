@@ -9,6 +9,7 @@ import json
 from urllib.parse import urlsplit
 
 import pytest
+from django.test import Client
 from rest_framework.test import APIClient
 
 from stepruntime.models import EmittedEvent, StepCredential
@@ -16,6 +17,7 @@ from tests.conftest import api_token_for
 from tests.runtime_helpers import Running, running
 from tests.test_connection_api import assert_problem
 from tests.workflow_helpers import make_workflow
+from triggers.models import Trigger
 from workflows import engine
 from workflows.models import StepRun, Workflow, WorkflowRun
 
@@ -253,3 +255,26 @@ def test_a_database_refusal_is_not_quoted_in_an_event_s_failure_reason():
     assert "s3cret" not in reason and "LINE" not in reason
     assert reason == "the database refused what was read (DataError); the worker's log has why."
     assert _reason(TypeError("tags is 7")) == "TypeError: tags is 7"
+
+
+@pytest.mark.parametrize(
+    "value",
+    ['["a\\u0000"]', '["\\ud800"]', "[1e400]", "[NaN]", "[" * 900 + "]" * 900],
+    ids=["NUL", "lone surrogate", "1e400", "NaN", "900 levels"],
+)
+def test_the_admin_s_json_fields_refuse_what_they_cannot_keep_with_a_form_error(staff, value):
+    """A trigger's filters in the admin: it was the database's error, a 500."""
+    trigger, _ = Trigger.create_with_token(owner=staff, name="t")
+    client = Client()
+    client.force_login(staff)
+    filters = {f: "[]" for f in ("environments", "host_globs", "resource_types", "title_globs", "tags")}
+    url = f"/admin/triggers/trigger/{trigger.pk}/change/"
+    response = client.post(url, {"name": "t", **filters, "statuses": value})
+    assert response.status_code == 200  # the form again, with its error
+    assert response.context["adminform"].form.errors["statuses"]
+    trigger.refresh_from_db()
+    assert trigger.statuses == []
+    response = client.post(url, {"name": "t", **filters, "statuses": '["failed"]'})
+    assert response.status_code == 302
+    trigger.refresh_from_db()
+    assert trigger.statuses == ["failed"]
