@@ -1,11 +1,12 @@
 from django.contrib import admin
 
+from connections.admin import ConnectionAdmin
 from puppet_connection.models import PuppetConnection
 from relay.admin import TokenHolderAdmin
 
 
 @admin.register(PuppetConnection)
-class PuppetConnectionAdmin(TokenHolderAdmin):
+class PuppetConnectionAdmin(ConnectionAdmin, TokenHolderAdmin):
     list_display = [
         "name",
         "owner",

@@ -6,7 +6,9 @@ A variable NAME that holds a secret may instead be given as NAME_FILE, a path to
 holding it (for Docker/Kubernetes secrets and systemd credentials).
 """
 
+import os
 import re
+import tempfile
 from pathlib import Path
 
 import environ
@@ -211,6 +213,10 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "TriggerKindEnum": "triggers.models.TriggerKind",
         "StepKindEnum": "workflows.models.StepKind",
+        # A run and its steps appear whole and as summaries (the runs list): one enum each.
+        "StepRunStatusEnum": "workflows.models.StepStatus",
+        "WorkflowRunStatusEnum": "workflows.models.RunStatus",
+        "WorkflowRunOutcomeEnum": "workflows.models.RunOutcome",
     },
 }
 
@@ -351,8 +357,11 @@ WEBHOOK_PASS_THROUGH_IMAGES = env.list("WEBHOOK_PASS_THROUGH_IMAGES", default=["
 # Schedule triggers: how often beat looks for schedules that are due (seconds): a run starts
 # at most this late. Each look reads only the due rows, by an index.
 SCHEDULE_TICK_INTERVAL = env.float("SCHEDULE_TICK_INTERVAL", default=5.0)
-# Where users reach this service, for links in notifications.
-RELAY_PUBLIC_URL = env.str("RELAY_PUBLIC_URL", default="http://127.0.0.1:8000").rstrip("/")
+# Where users reach this service, for links in notifications, webhook URLs and a Puppet
+# connection's relayAPIURL: by default where `make run` listens (PORT).
+RELAY_PUBLIC_URL = env.str(
+    "RELAY_PUBLIC_URL", default=f"http://127.0.0.1:{env.int('PORT', default=8000)}"
+).rstrip("/")
 SLACK_TIMEOUT = env.float("SLACK_TIMEOUT", default=10.0)
 # Hosts a Slack webhook URL may name (https only). The connection is refused anyway when the
 # name resolves to a loopback, private, link-local, multicast or reserved address.
@@ -381,6 +390,31 @@ SECRET_CACHE_SECONDS = env.float("SECRET_CACHE_SECONDS", default=30.0)
 WORKFLOW_STEP_LEASE = env.int("WORKFLOW_STEP_LEASE", default=300)
 WORKFLOW_STEP_MAX_ATTEMPTS = env.int("WORKFLOW_STEP_MAX_ATTEMPTS", default=5)
 WORKFLOW_STUCK_AFTER = env.int("WORKFLOW_STUCK_AFTER", default=60)  # idle runs the sweeper looks at
+# Budgets (README "Budgets"), each checked as it is spent. A run started by a step (the step
+# runtime's POST /workflows/{name}/run) is one deeper than the step's run; deeper than
+# RUN_MAX_DEPTH is refused. One owner's runs not yet complete, at most RUN_MAX_IN_PROGRESS:
+# the API and the step runtime answer 429 past it, a trigger's run fails at once saying so.
+RUN_MAX_DEPTH = env.int("RUN_MAX_DEPTH", default=3)
+RUN_MAX_IN_PROGRESS = env.int("RUN_MAX_IN_PROGRESS", default=100)
+# Schedule triggers: per workflow document, and per owner across all their workflows (a
+# revision over either is a 400 at the trigger); a tick starts at most
+# SCHEDULES_PER_OWNER_PER_TICK runs of one owner, the owners taking turns.
+SCHEDULES_PER_WORKFLOW = env.int("SCHEDULES_PER_WORKFLOW", default=20)
+SCHEDULES_PER_OWNER = env.int("SCHEDULES_PER_OWNER", default=100)
+SCHEDULES_PER_TICK = env.int("SCHEDULES_PER_TICK", default=200)
+SCHEDULES_PER_OWNER_PER_TICK = env.int("SCHEDULES_PER_OWNER_PER_TICK", default=10)
+# What one step may send the step runtime API: its outputs together (as stored), its runtime
+# logs (POST /logs and their messages: records and bytes), its emitted events (count and
+# bytes of their JSON), its UI decorators together. 413 past a size, 429 past a count.
+STEP_OUTPUTS_MAX_BYTES = env.int("STEP_OUTPUTS_MAX_BYTES", default=4 * 1024 * 1024)
+STEP_LOG_MAX_RECORDS = env.int("STEP_LOG_MAX_RECORDS", default=10_000)
+STEP_LOG_MAX_BYTES = env.int("STEP_LOG_MAX_BYTES", default=4 * 1024 * 1024)
+STEP_EVENTS_MAX = env.int("STEP_EVENTS_MAX", default=100)
+STEP_EVENTS_MAX_BYTES = env.int("STEP_EVENTS_MAX_BYTES", default=4 * 1024 * 1024)
+STEP_DECORATORS_MAX_BYTES = env.int("STEP_DECORATORS_MAX_BYTES", default=64 * 1024)
+# Parsed workflow documents each process keeps (workflows.engine.parsed), weighed by what
+# each holds in memory (1 to 12 times the document's text; README "Budgets").
+PARSED_CACHE_MAX_BYTES = env.int("PARSED_CACHE_MAX_BYTES", default=64 * 1024 * 1024)
 # The internal do-nothing step image (workflows/steps/noop.py), for tests and the bench only.
 # The step runtime API's base URL as a running step reaches it (the service itself, at the URL
 # root); a step's METADATA_API_URL is this with the step's credential as its user part.
@@ -425,6 +459,18 @@ STEP_BWRAP = env.str("STEP_BWRAP", default="/usr/bin/bwrap")
 # `ni`, the step runtime's command-line client (stepruntime/), at /usr/local/bin/ni in every sandbox.
 STEP_NI = Path(env.str("STEP_NI", default=str(BASE_DIR / "stepruntime" / "bin" / "ni")))
 STEP_PYTHON_DIR = Path(env.str("STEP_PYTHON_DIR", default=str(BASE_DIR / ".step-python")))
+# Where a sandbox's mounts are prepared (copies of STEP_NI and STEP_PYTHON_DIR, the generated
+# /etc, each step's network directory): a directory every sandbox uid can reach, wherever the
+# checkout is (scriptsteps/mounts.py). Under root, /run; otherwise the system's temporary
+# directory, one per user.
+STEP_MOUNT_DIR = Path(
+    env.str(
+        "STEP_MOUNT_DIR",
+        default="/run/relay-step-mounts"
+        if os.geteuid() == 0
+        else os.path.join(tempfile.gettempdir(), f"relay-step-mounts-{os.geteuid()}"),
+    )
+)
 STEP_HEARTBEAT = env.float("STEP_HEARTBEAT", default=5.0)
 # A script whose worker has not been heard of for this long ended with it (the worker died).
 STEP_LOST_AFTER = env.int("STEP_LOST_AFTER", default=60)

@@ -38,6 +38,9 @@ class ScriptRun(models.Model):
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     worker = models.UUIDField(null=True, blank=True)  # the run_script call that holds it
     exit_code = models.IntegerField(null=True, blank=True)
+    # It never ran for want of the machine (its sandbox could not start): its step ends
+    # `system-error` with `reason`.
+    system_error = models.BooleanField(default=False)
     reason = models.TextField(blank=True)  # why it was stopped, or could not run
     # Milliseconds from the sandbox's start to its first output (bench/steps.py).
     first_output_ms = models.FloatField(null=True, blank=True)
@@ -98,7 +101,12 @@ class ScriptRun(models.Model):
         self.log_length = start + len(text)
 
     def finish(
-        self, worker: uuid.UUID, exit_code: int | None, reason: str, first_output_ms: float | None
+        self,
+        worker: uuid.UUID,
+        exit_code: int | None,
+        reason: str,
+        first_output_ms: float | None,
+        system_error: bool = False,
     ) -> bool:
         """running → exited, by its holder."""
         return self._cas(
@@ -108,15 +116,17 @@ class ScriptRun(models.Model):
             reason=reason,
             first_output_ms=first_output_ms,
             ended_at=timezone.now(),
+            system_error=system_error,
         )
 
-    def fail_to_start(self, reason: str) -> bool:
+    def fail_to_start(self, reason: str, system_error: bool = False) -> bool:
         """queued or running (by its holder, before its program started) → exited, with why."""
         return self._cas(
             Q(status__in=[ScriptStatus.QUEUED, ScriptStatus.RUNNING]),
             status=ScriptStatus.EXITED,
             reason=reason,
             ended_at=timezone.now(),
+            system_error=system_error,
         )
 
     def lose(self, lost_after: float) -> bool:

@@ -14,10 +14,16 @@ On the worker, StepNetwork (an asyncio loop in a thread of the worker process) s
 - proxy.sock: an HTTP proxy, CONNECT (https, or any TCP a client tunnels) and absolute-form
   plain http, to public addresses only: the destination is resolved once, refused (403) when
   any address it resolves to is not public (relay/egress.py's rule) or it is not in
-  STEP_PROXY_ALLOW, and the connection is made to the address checked. Two destinations are
-  the service itself, wherever it is: RELAY_PUBLIC_URL's host and port (a puppet
-  connection's relayAPIURL, which Relay's Puppet steps call), and 127.0.0.1:RUNTIME_PORT,
-  the runtime door's own address, for clients that send even it through the proxy.
+  STEP_PROXY_ALLOW, and the connection is made to the address checked.
+The service itself is reached wherever it is, but only with HTTP requests the door can read,
+to the service's own paths (SERVICE_PATHS, under the URL's own path; no `.`/`..` segment in
+any encoding), and nothing else: through the runtime door (STEP_RUNTIME_URL); through the
+proxy, a plain `http://` request to RELAY_PUBLIC_URL's host (at its port, or naming none: a
+puppet connection's relayAPIURL, which Relay's Puppet steps call), forwarded to RELAY_PUBLIC_URL
+(over TLS, verified, when it is https), or to 127.0.0.1:RUNTIME_PORT, the runtime door's own
+address (relay_sdk sends it through the proxy). A CONNECT tunnel to the service is treated as
+any other destination (refused unless it is public), since what goes through it cannot be
+checked.
 Bounded, so that a step cannot exhaust its worker: STEP_NET_CONNECTIONS connections at once
 (503 past them), a request head of at most HEAD_BYTES read within HEAD_SECONDS, little in
 flight per connection (one CHUNK read each way, a write buffer of CHUNK), a connection with
@@ -33,25 +39,46 @@ import os
 import shutil
 import socket
 import ssl
-import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from django.conf import settings
 
 from relay import egress
 from relay.api.problems import PROBLEM_CONTENT_TYPE, problem
+from scriptsteps import mounts
 
 INSIDE_DIR = "/run/relay"
 RUNTIME_SOCKET = "runtime.sock"
 PROXY_SOCKET = "proxy.sock"
 RUNTIME_PORT = 8000  # the runtime API inside: METADATA_API_URL is http://…@127.0.0.1:8000
 PROXY_PORT = 3128
+# The first segment of every path a step may ask the service for: the step runtime API's
+# routes (stepruntime/urls.py), the API (/api/: webhooks, workflows, runs), the Puppet-facing
+# API (/_puppet/, a puppet connection's relayAPIURL) and /healthz. Not the admin.
+SERVICE_PATHS = frozenset(
+    {
+        "conditions",
+        "decorators",
+        "events",
+        "environment",
+        "logs",
+        "outputs",
+        "secrets",
+        "spec",
+        "status",
+        "validate",
+        "workflows",
+        "api",
+        "_puppet",
+        "healthz",
+    }
+)
 SOCAT = "/usr/bin/socat"
 CHUNK = 16384
 HEAD_BYTES = 32768
@@ -76,7 +103,9 @@ HOP_BY_HOP = {
 # listening sockets until the program starts (a TCP socket counts once it listens or
 # connects, and nothing else runs yet); it is a few counters, where /proc/net/tcp walks the
 # kernel's socket tables on every read (dash reads a byte at a time: 10+ ms). A socat that
-# ended (it could not listen) ends the sandbox with 125, "could not be set up".
+# ended (it could not listen) ends the sandbox with 125, "could not be set up". Once they
+# listen, a byte on its stdin (a pipe's writing end, where dash's redirections reach only
+# fds 0-9) tells the worker that the sandbox started; the program's stdin is /dev/null.
 # $1: the runtime API's port, $2 the proxy's ("-" without one); then the program.
 WRAPPER = f"""\
 listen() {{
@@ -94,6 +123,7 @@ while :; do
     exit 125
   fi
 done
+printf x >&0; exec </dev/null
 exec "$@"
 """
 
@@ -129,7 +159,7 @@ class Policy:
 
     allow: tuple[str, ...] = ()  # empty: any public destination; else "host", "*.domain[:port]", "*:443"
     loopback_ports: frozenset[int] = frozenset()  # tests only: their stand-ins listen on loopback
-    service: frozenset[tuple[str, int]] = frozenset()  # RELAY_PUBLIC_URL's: allowed wherever it is
+    service_url: str = ""  # RELAY_PUBLIC_URL: its paths (SERVICE_PATHS) reached wherever it is
     connections: int = 32
     idle_seconds: float = 120.0
 
@@ -138,7 +168,7 @@ class Policy:
         return cls(
             allow=tuple(entry.strip().lower() for entry in settings.STEP_PROXY_ALLOW if entry.strip()),
             loopback_ports=frozenset(settings.STEP_PROXY_TEST_LOOPBACK_PORTS),
-            service=frozenset([_origin(settings.RELAY_PUBLIC_URL)]),
+            service_url=settings.RELAY_PUBLIC_URL,
             connections=settings.STEP_NET_CONNECTIONS,
             idle_seconds=settings.STEP_NET_IDLE_SECONDS,
         )
@@ -156,9 +186,36 @@ class Policy:
         return False
 
 
-def _origin(url: str) -> tuple[str, int]:
-    parts = urlsplit(url)
-    return (parts.hostname or "").rstrip("."), parts.port or (443 if parts.scheme == "https" else 80)
+def service_path(target: bytes, base: str) -> bytes:
+    """`target` (a path and query) when it names one of the service's own paths under `base`
+    (the service URL's path); Refused (403) otherwise. Strict, so that no server in front of
+    the service (a reverse proxy that normalizes) can read it as another path: as sent and
+    percent-decoded alike, under `base` and with a first segment of SERVICE_PATHS, and with
+    no `.` or `..` segment, empty segment, backslash or NUL."""
+    text = target.decode("latin-1")
+    path = text.split("?", 1)[0]
+    try:
+        decoded = unquote(path, errors="strict")
+    except UnicodeDecodeError:
+        decoded = ""  # not a path of the service's
+    prefix = base.rstrip("/") + "/"
+    if "#" in text or not all(_service_form(form, prefix) for form in (path, decoded)):
+        raise Refused(
+            403,
+            "A step may ask the service only for the step runtime API, /api/, /_puppet/ and "
+            f"/healthz (under {prefix}); not {text[:100]!r}.",
+            "not-a-service-path",
+        )
+    return target
+
+
+def _service_form(path: str, prefix: str) -> bool:
+    if not path.startswith(prefix) or "\\" in path or "\x00" in path:
+        return False
+    segments = path[len(prefix) :].split("/")
+    if any(segment in ("", ".", "..") for segment in segments[:-1]) or segments[-1] in (".", ".."):
+        return False
+    return segments[0] in SERVICE_PATHS and all(s not in (".", "..") for s in path.split("/"))
 
 
 def _addresses(host: str, port: int) -> list[str]:
@@ -276,6 +333,13 @@ class StepNetwork:
         self.runtime_host = runtime.hostname or "127.0.0.1"
         self.runtime_port = runtime.port or (443 if self.runtime_tls else 80)
         self.runtime_netloc = runtime.netloc.rpartition("@")[2].encode()
+        self.runtime_base = runtime.path
+        public = urlsplit(self.policy.service_url)
+        self.service_tls = ssl.create_default_context() if public.scheme == "https" else None
+        self.service_host = (public.hostname or "").lower().rstrip(".")
+        self.service_port = public.port or (443 if self.service_tls else 80)
+        self.service_netloc = public.netloc.rpartition("@")[2].encode()
+        self.service_base = public.path
         self.directory = Path()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -283,7 +347,8 @@ class StepNetwork:
         self._active: set[asyncio.Task] = set()
 
     def __enter__(self) -> "StepNetwork":
-        self.directory = Path(tempfile.mkdtemp(prefix="relay-step-net-"))
+        # Under STEP_MOUNT_DIR: a directory every sandbox uid can reach (mounts.py).
+        self.directory = mounts.private_dir("net-")
         try:
             if self.uid is not None:
                 os.chown(self.directory, self.uid, self.gid if self.gid is not None else -1)
@@ -389,6 +454,7 @@ class StepNetwork:
     async def _to_runtime(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: _Head, target: bytes
     ) -> None:
+        service_path(target, self.runtime_base)
         try:
             up_reader, up_writer = await asyncio.wait_for(
                 asyncio.open_connection(
@@ -412,7 +478,19 @@ class StepNetwork:
         head = await _read_head(reader)
         if head.method == b"CONNECT":
             host, port = _destination(head.target.decode("latin-1"), None)
-            up_reader, up_writer = await self._connect(host, port)
+            try:
+                up_reader, up_writer = await self._connect(host, port)
+            except Refused as refused:
+                if refused.status == 403 and self._is_service(host, port, True):
+                    raise Refused(
+                        403,
+                        f"{refused.detail} The service (RELAY_PUBLIC_URL) is no exception to a "
+                        "CONNECT tunnel, whose contents cannot be checked: ask for "
+                        f"http://{host}/… through this proxy instead, which takes the service's "
+                        "own paths to it (over TLS when RELAY_PUBLIC_URL is https).",
+                        refused.code,
+                    ) from None
+                raise
             writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
             await self._relay(reader, writer, up_reader, up_writer)
             return
@@ -423,28 +501,66 @@ class StepNetwork:
                 "The proxy takes CONNECT host:port (https) or an absolute http:// URL.",
                 "bad-request",
             )
-        host, port = _destination(url.netloc.rpartition("@")[2], 80)
+        authority = url.netloc.rpartition("@")[2]
+        host, port = _destination(authority, 80)
         target = (url.path or "/") + (f"?{url.query}" if url.query else "")
         if (host, port) == ("127.0.0.1", RUNTIME_PORT):  # the runtime door's address
             await self._to_runtime(reader, writer, head, target.encode("latin-1"))
             return
+        if self._is_service(host, port, _has_port(authority)):
+            path = service_path(target.encode("latin-1"), self.service_base)
+            await self._to_service(reader, writer, head, path)
+            return
         up_reader, up_writer = await self._connect(host, port)
-        authority = url.netloc.rpartition("@")[2]
         up_writer.write(head.rewritten(target.encode("latin-1"), authority.encode("latin-1")))
         await self._exchange(reader, writer, up_reader, up_writer)
 
+    def _is_service(self, host: str, port: int, port_named: bool) -> bool:
+        """RELAY_PUBLIC_URL's host, at its port (or at none: `http://relay.example.com/` for
+        an https RELAY_PUBLIC_URL)."""
+        if not self.service_host or host.lower().rstrip(".") != self.service_host:
+            return False
+        return port == self.service_port or not port_named
+
+    async def _to_service(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: _Head, target: bytes
+    ) -> None:
+        """A request for one of the service's own paths, to RELAY_PUBLIC_URL: where its
+        operator put it (a private network, often), so its addresses are not checked."""
+        loop = asyncio.get_running_loop()
+        try:
+            lookup = loop.run_in_executor(None, _addresses, self.service_host, self.service_port)
+            addresses = await asyncio.wait_for(lookup, CONNECT_SECONDS)
+        except (OSError, UnicodeError, TimeoutError) as exc:
+            raise Refused(502, f"{self.service_host} could not be resolved ({exc}).", "bad-gateway") from exc
+        error: BaseException | None = None
+        for address in addresses:
+            try:
+                up_reader, up_writer = await asyncio.wait_for(
+                    asyncio.open_connection(
+                        address,
+                        self.service_port,
+                        ssl=self.service_tls,
+                        server_hostname=self.service_host if self.service_tls else None,
+                        limit=HEAD_BYTES,
+                    ),
+                    CONNECT_SECONDS,
+                )
+            except (OSError, TimeoutError) as exc:
+                error = exc
+                continue
+            up_writer.write(head.rewritten(target, self.service_netloc))
+            await self._exchange(reader, writer, up_reader, up_writer)
+            return
+        raise Refused(502, f"The service (RELAY_PUBLIC_URL) could not be reached ({error}).", "bad-gateway")
+
     async def _connect(self, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        # The service itself is where its operator put it (a private network, often).
-        service = (host.lower().rstrip("."), port) in self.policy.service
-        if not service and not self.policy.allows(host, port):
+        if not self.policy.allows(host, port):
             raise Refused(403, f"{host}:{port} is not in STEP_PROXY_ALLOW.", "destination-not-allowed")
         loop = asyncio.get_running_loop()
         try:
-            if service:
-                lookup = loop.run_in_executor(None, _addresses, host, port)
-            else:
-                allow_loopback = port in self.policy.loopback_ports
-                lookup = loop.run_in_executor(None, egress.public_addresses, host, port, allow_loopback)
+            allow_loopback = port in self.policy.loopback_ports
+            lookup = loop.run_in_executor(None, egress.public_addresses, host, port, allow_loopback)
             addresses = await asyncio.wait_for(lookup, CONNECT_SECONDS)
         except egress.ForbiddenAddress as exc:
             raise Refused(

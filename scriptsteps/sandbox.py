@@ -27,7 +27,6 @@ import os
 import selectors
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 import uuid
@@ -38,12 +37,13 @@ from typing import Any
 
 from django.conf import settings
 
-from scriptsteps import cgroups, network
+from scriptsteps import cgroups, mounts, network
 
 SCRIPT_PATH = "/var/run/puppet/relay/config/input-script"  # where relay-core mounts `input`
 PYTHON_PATH = "/usr/local/lib/relay-python"
 INSIDE_UID = 1000
 READ_SIZE = 65536
+HEAD_BYTES = 2048
 
 # The launcher joins the step's cgroups and lowers its rlimits, then becomes bubblewrap: run
 # by dash (about 1 ms), so nothing of Python runs between fork and exec in a worker that may
@@ -102,6 +102,9 @@ class Result:
     ended_at: float = 0.0
     output_bytes: int = 0
     cgroups: bool = False
+    head: bytes = b""  # the output's first HEAD_BYTES (why a sandbox could not start)
+    started: bool = True  # False: the sandbox never started the step's program
+    system_error: bool = False  # the machine's doing, not the step's
 
     @property
     def success(self) -> bool:
@@ -207,11 +210,11 @@ HOST_ETC = ("ssl", "ca-certificates", "ca-certificates.conf", "alternatives", "l
 
 def _etc() -> Path:
     """The generated /etc files, written once per worker process (world-readable: the
-    sandbox's uid reads them when bubblewrap binds them)."""
+    sandbox's uid reads them when bubblewrap binds them), under STEP_MOUNT_DIR."""
     global _etc_dir
     with _etc_lock:
         if _etc_dir is None or not _etc_dir.exists():
-            path = Path(tempfile.mkdtemp(prefix="relay-step-etc-"))
+            path = mounts.private_dir("etc-")
             os.chmod(path, 0o755)  # noqa: S103 (the sandbox's uid reads them; nothing secret)
             for name, text in ETC_FILES.items():
                 (path / name).write_text(text)
@@ -252,11 +255,12 @@ def bwrap_args(program: Program, limits: Limits, script_fd: int | None, net_dir:
             args += ["--ro-bind", str(host), f"/{top}"]
     # A /usr/local of its own: the host's stays out of sight.
     args += ["--tmpfs", "/usr/local", "--dir", "/usr/local/bin"]
-    ni = Path(settings.STEP_NI)
-    if ni.exists():
+    # Copies under STEP_MOUNT_DIR, never the checkout itself (mounts.py).
+    ni = mounts.ni()
+    if ni is not None:
         args += ["--ro-bind", str(ni), "/usr/local/bin/ni"]
     if program.python:
-        args += ["--ro-bind", str(settings.STEP_PYTHON_DIR), PYTHON_PATH]
+        args += ["--ro-bind", str(mounts.python_dir()), PYTHON_PATH]
         args += ["--symlink", "/usr/bin/python3", "/usr/local/bin/python"]
     args += ["--remount-ro", "/usr/local", "--dir", "/etc"]
     etc = _etc()
@@ -269,7 +273,8 @@ def bwrap_args(program: Program, limits: Limits, script_fd: int | None, net_dir:
         args += ["--size", str(limits.work_dir_bytes), "--perms", "0700", "--tmpfs", path]
     if script_fd is not None:
         args += ["--perms", "0755", "--ro-bind-data", str(script_fd), SCRIPT_PATH]
-    args += ["--remount-ro", "/", "--chdir", "/work", "--", *network.wrapper_argv(program.network)]
+    args += ["--remount-ro", "/", "--chdir", "/work", "--"]
+    args += network.wrapper_argv(program.network)
     return [*args, *program.argv]
 
 
@@ -312,8 +317,11 @@ def run(
             f"relay_sdk for relaysh/core:latest-python is not installed on this worker "
             f"({settings.STEP_PYTHON_DIR}; `make .step-python/.installed` builds it)."
         )
-    with UidSlot() as slot, network.StepNetwork(program.network, slot.uid, slot.gid) as doors:
-        return _run(program, limits, on_output, tick, tick_every, kill_hook, slot, doors.directory)
+    try:
+        with UidSlot() as slot, network.StepNetwork(program.network, slot.uid, slot.gid) as doors:
+            return _run(program, limits, on_output, tick, tick_every, kill_hook, slot, doors.directory)
+    except mounts.Unreachable as exc:
+        raise SandboxUnavailable(str(exc)) from exc
 
 
 def _run(
@@ -333,6 +341,7 @@ def _run(
     if group is not None:
         cgroups.remove_stale(settings.STEP_CGROUP_PARENT, older_than=settings.STEP_WALL_TIME + 300)
     script_fd = None
+    started_r, started_w = os.pipe()
     try:
         if group is not None:
             group.create(limits.processes, limits.memory_bytes, uid, gid)
@@ -348,8 +357,11 @@ def _run(
         tasks = group.tasks_files if group else []
         argv = ["/bin/sh", "-c", LAUNCHER, "launch", str(len(tasks)), *tasks, *ulimits]
         argv += bwrap_args(program, limits, script_fd, net_dir)
+        # Its stdin: where the sandbox's first process says it started (network.WRAPPER), so
+        # a sandbox that never started is told apart from a program that failed.
         process, result = _spawn(
             argv,
+            stdin=started_w,
             env=sandbox_env(program),
             pass_fds=(script_fd,) if script_fd is not None else (),
             user=uid,
@@ -357,15 +369,32 @@ def _run(
             extra_groups=[] if uid is not None else None,
         )
         result.cgroups = group is not None
+        os.close(started_w)
+        started_w = -1
         if script_fd is not None:
             os.close(script_fd)
             script_fd = None
         counted = uid if group is None else None
         result = _supervise(process, group, limits, on_output, tick, tick_every, result, kill_hook, counted)
-        if result.exit_code is not None and not result.reason:
+        os.set_blocking(started_r, False)
+        try:
+            result.started = bool(os.read(started_r, 1))
+        except BlockingIOError:
+            result.started = False
+        if not result.started and result.exit_code is not None and not result.reason:
+            # Nothing of the step's ran: what was printed is bubblewrap's (or the launcher's,
+            # or the network wrapper's) reason.
+            said = result.head.decode(errors="replace").strip()
+            said = said or _why_it_ended(result.exit_code, group, limits)
+            result.reason = f"The sandbox could not start: {said}"
+            result.system_error = True
+        elif result.exit_code is not None and not result.reason:
             result.reason = _why_it_ended(result.exit_code, group, limits)
         return result
     finally:
+        os.close(started_r)
+        if started_w >= 0:
+            os.close(started_w)
         if script_fd is not None:
             os.close(script_fd)
         if group is not None:
@@ -389,9 +418,9 @@ def run_command(
 
 def _spawn(argv: Sequence[str], **popen: Any) -> tuple[subprocess.Popen, Result]:
     result = Result(exit_code=None, spawned_at=time.monotonic())
+    popen.setdefault("stdin", subprocess.DEVNULL)
     process = subprocess.Popen(
         argv,
-        stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group: killed as one
@@ -436,6 +465,8 @@ def _supervise(
                         break
                     if result.first_output_at is None:
                         result.first_output_at = time.monotonic()
+                    if len(result.head) < HEAD_BYTES:
+                        result.head += chunk[: HEAD_BYTES - len(result.head)]
                     room = limits.output_bytes - result.output_bytes
                     on_output(chunk[: max(room, 0)])
                     result.output_bytes += min(len(chunk), max(room, 0))

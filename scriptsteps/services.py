@@ -26,10 +26,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from scriptsteps import container, network, sandbox, tasks
-from scriptsteps.masking import Masker
+from scriptsteps.masking import Masker, strings_in
 from scriptsteps.models import ScriptRun, ScriptStatus
 from stepruntime.credentials import grant
 from workflows import engine
+from workflows.dialect import imageref
 from workflows.models import StepRun
 from workflows.steps.base import Done, StepContext, Wait, image_name
 
@@ -68,6 +69,9 @@ def problem_with(ctx: StepContext, needs_program: bool = True) -> str:
             f"Step {ctx.step_name!r} has nothing to run: give `input` (shell lines) or `command` "
             f"(with `args`) for {image_name(ctx.image)}."
         )
+    image = imageref.problem_with(ctx.image)
+    if image:  # validation refuses it; a revision saved before it did is refused here
+        return f"image: {image}"
     bad = [name for name in ctx.env if not ENV_NAME.match(str(name))]
     if bad:
         return f"env.{bad[0]}: not a name an environment variable can have (letters, digits and _)."
@@ -136,6 +140,8 @@ def follow(script: ScriptRun) -> Done | Wait:
         return _waiting(script)
     if script.success:
         return Done(True)
+    if script.system_error:
+        return Done(False, message=script.reason, system_error=True)
     if script.reason:
         return Done(False, message=script.reason)
     return Done(False, message=f"The script exited with status {script.exit_code}.")
@@ -189,10 +195,10 @@ def _execute(script: ScriptRun, worker: uuid.UUID) -> None:
         script.fail_to_start(f"The step could not be prepared ({type(exc).__name__}: {exc}).")
         return
     runtime = container.runtime_for(ctx.image)
-    # A sandbox reaches the runtime API through its own door (its network is its own); a
-    # container, at STEP_RUNTIME_URL.
-    url = grant(str(script.pk), None if runtime is not None else network.runtime_url_inside())
-    writer = LogWriter(script, worker, [*ctx.secrets, *_credentials_in(url)])
+    # A sandbox (or a container) reaches the runtime API through its own door: its network
+    # is its own.
+    url = grant(str(script.pk), network.runtime_url_inside())
+    writer = LogWriter(script, worker, [*ctx.secrets, *_credentials_in(url)], run_id=ctx.run_id)
     try:
         if runtime is not None:
             result = container.run(runtime, ctx, program_of(ctx, url), writer)
@@ -202,19 +208,21 @@ def _execute(script: ScriptRun, worker: uuid.UUID) -> None:
             )
     except sandbox.SandboxUnavailable as exc:
         writer.close()
-        script.fail_to_start(str(exc))
+        script.fail_to_start(str(exc), system_error=True)
         return
     except Exception as exc:
         # Not the script's doing (the machine, a bug): said as such, at once, rather than
         # left for STEP_LOST_AFTER to find.
         log.exception("script of step %s: the sandbox failed", script.pk)
         writer.close()
-        script.finish(worker, None, f"The sandbox failed ({type(exc).__name__}: {exc}).", None)
+        script.finish(worker, None, f"The sandbox failed ({type(exc).__name__}: {exc}).", None, True)
         return
     writer.close()
     first = result.first_output_at
     first_ms = (first - result.spawned_at) * 1000 if first is not None else None
-    if not script.finish(worker, result.exit_code, writer.stopped or result.reason, first_ms):
+    reason = writer.stopped or result.reason
+    system_error = result.system_error and not writer.stopped
+    if not script.finish(worker, result.exit_code, reason, first_ms, system_error):
         log.info("script of step %s ended after it was declared lost", script.pk)
     log.info(
         "script of step %s exited %s in %.2fs%s",
@@ -233,13 +241,21 @@ def _credentials_in(url: str) -> list[str]:
 
 class LogWriter:
     """The step's output as the sandbox gives it: decoded (UTF-8, broken bytes replaced),
-    masked, and stored every tick; with the heartbeat that says its worker lives."""
+    masked, and stored every tick; with the heartbeat that says its worker lives.
 
-    def __init__(self, script: ScriptRun, worker: uuid.UUID, secrets: list[str]) -> None:
+    Besides the secrets it was given, the step can read every sensitive output of its run
+    (GET /outputs/{step}/{name}), also one that a step running beside it sets after it
+    started: before each store the writer reads the run's sensitive outputs as they are now
+    (StepRun.sensitive_values), so a value the step could read before it printed it is
+    masked in what is stored."""
+
+    def __init__(self, script: ScriptRun, worker: uuid.UUID, secrets: list[str], run_id: str = "") -> None:
         self.script = script
         self.worker = worker
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.masker = Masker(secrets)
+        self.run_id = run_id
+        self.seen: dict[Any, Any] = {}  # StepRun.sensitive_values' memory
         self.pending: list[str] = []
         self.last_beat = time.monotonic()
         self.stopped = ""
@@ -248,7 +264,7 @@ class LogWriter:
         text = self.decoder.decode(chunk)
         if text:
             # PostgreSQL text cannot hold NUL.
-            self.pending.append(self.masker.feed(text.replace("\x00", "\ufffd")))
+            self.pending.append(text.replace("\x00", "\ufffd"))
 
     def tick(self) -> str | None:
         self._store()
@@ -265,13 +281,18 @@ class LogWriter:
         return None
 
     def close(self) -> None:
-        self.pending.append(self.masker.feed(self.decoder.decode(b"", final=True)))
-        self.pending.append(self.masker.flush())
-        self._store()
+        self.pending.append(self.decoder.decode(b"", final=True))
+        self._store(final=True)
 
-    def _store(self) -> None:
+    def _store(self, final: bool = False) -> None:
         text = "".join(self.pending)
         self.pending = []
+        if text and self.run_id:
+            sensitive = StepRun.sensitive_values(self.run_id, self.seen)
+            self.masker.add(s for value in sensitive for s in strings_in(value))
+        text = self.masker.feed(text)
+        if final:
+            text += self.masker.flush()
         self.script.append_log(text)
 
 

@@ -7,9 +7,9 @@ A template is text with `{…}` parts: a path (`.a.b`, `$.a`, `a`, `['k']`, `[0]
 nothing for a missing key or null, and the elements of a list joined with spaces. A lone
 path (`jsonpath`) yields the value itself (a list where the path can match several).
 
-What is not here (a 422 says so): filters (`[?(@.x == 1)]`) and scripts. Values are
-evaluated as they are reached (a `!Secret` inside the spec resolves when the path goes
-through it), with the workflow evaluator of the step, as in relay-core.
+What is not here (a 422 says so): filters (`[?(@.x == 1)]`) and scripts. A query runs over
+a settled spec (Evaluator.settle): its values are data, read as they are; a part that cannot
+be resolved yet (or fails) counts only where the path goes through it.
 """
 
 import re
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workflows.dialect.errors import EvaluationError
-from workflows.dialect.model import Context, Evaluator, Result, evaluate_all
+from workflows.dialect.model import DEFAULT_EVALUATOR, Context, Result, evaluate_all
 from workflows.dialect.values import sprint
 
 
@@ -234,15 +234,15 @@ def parse_path(text: str) -> _Path:
 
 
 class _Walker:
-    """Selects with the step's evaluator: each value is evaluated one level before it is
-    looked into, and what cannot be resolved yet is noted and selects nothing."""
+    """Selects from a settled value: each value is expanded one level before it is looked
+    into (a part that cannot be resolved yet is noted and selects nothing; one that failed
+    raises its error)."""
 
-    def __init__(self, ctx: Context, evaluator: Evaluator) -> None:
+    def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
-        self.evaluator = evaluator
 
     def expand(self, value: Any) -> tuple[bool, Any]:
-        result = self.evaluator.evaluate(self.ctx, value, 1)
+        result = DEFAULT_EVALUATOR.evaluate(self.ctx, value, 1)
         if not result.complete:
             self.ctx.unresolvable.extend(result.unresolvable)
             return False, None
@@ -306,7 +306,7 @@ class _Walker:
         return out
 
     def finish(self, value: Any) -> Any:
-        result = evaluate_all(self.ctx, self.evaluator, value)
+        result = evaluate_all(self.ctx, DEFAULT_EVALUATOR, value)
         self.ctx.unresolvable.extend(result.unresolvable)
         return result.value
 
@@ -335,20 +335,20 @@ class _Walker:
         return "".join(out)
 
 
-def evaluate_template(evaluator: Evaluator, tree: Any, query: str) -> Result:
+def evaluate_template(tree: Any, query: str) -> Result:
     """`jsonpath-template`: always a string."""
     ctx = Context()
     template = parse_template(query)
-    walker = _Walker(ctx, evaluator)
+    walker = _Walker(ctx)
     value = walker.render(template.parts, tree)
     return Result(value, ctx.unresolvable)
 
 
-def evaluate_path(evaluator: Evaluator, tree: Any, query: str) -> Result:
+def evaluate_path(tree: Any, query: str) -> Result:
     """`jsonpath`: the value the path selects (a list where it can select several)."""
     ctx = Context()
     path = parse_path(query)
-    walker = _Walker(ctx, evaluator)
+    walker = _Walker(ctx)
     matches = walker.select(path, tree)
     value = walker.finish(matches if path.plural else (matches[0] if matches else None))
     return Result(value, ctx.unresolvable)

@@ -16,7 +16,7 @@ from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
 
 from relay import tokens
-from workflows.models import JSONMerge, StepRun, StepStatus
+from workflows.models import OverBudget, StepRun, StepStatus
 
 
 class StepCredential(models.Model):
@@ -32,8 +32,12 @@ class StepCredential(models.Model):
     # What the step last said with PUT /status (relay-core's process state and when
     # condition), kept for people: the engine decides the step's status itself.
     reported_status = models.JSONField(null=True, blank=True)
-    # PUT /outputs/{name}/metadata: output name -> {"sensitive": bool}.
-    output_metadata = models.JSONField(default=dict, blank=True)
+    # What the step has spent of its budgets (settings STEP_LOG_*, STEP_EVENTS_*): runtime
+    # log records (a log opened, a message) and their bytes; emitted events and theirs.
+    log_records = models.PositiveIntegerField(default=0, editable=False)
+    log_bytes = models.PositiveBigIntegerField(default=0, editable=False)
+    events = models.PositiveIntegerField(default=0, editable=False)
+    event_bytes = models.PositiveBigIntegerField(default=0, editable=False)
 
     def __str__(self) -> str:
         return f"{self.TOKEN_PREFIX}_{self.token_lookup}…"
@@ -83,13 +87,46 @@ class StepCredential(models.Model):
         """Whether its step is running (the only time the credential opens anything)."""
         return self.step_run.status == StepStatus.IN_PROGRESS
 
-    def set_output_metadata(self, name: str, metadata: dict[str, Any]) -> bool:
-        """False when the step has ended (its outputs are final)."""
-        return bool(
-            StepCredential.objects.filter(pk=self.pk, step_run__status=StepStatus.IN_PROGRESS).update(
-                output_metadata=JSONMerge("output_metadata", {name: metadata})
-            )
+    def spend_log(self, size: int) -> None:
+        """One more runtime log record of `size` bytes. Raises OverBudget past
+        STEP_LOG_MAX_RECORDS or STEP_LOG_MAX_BYTES (nothing is spent then). Call in the
+        transaction that stores the record, so a record not stored is not counted."""
+        self._spend(
+            "log_records",
+            "log_bytes",
+            size,
+            settings.STEP_LOG_MAX_RECORDS,
+            settings.STEP_LOG_MAX_BYTES,
+            "runtime log records (STEP_LOG_MAX_RECORDS)",
+            "bytes of runtime log (STEP_LOG_MAX_BYTES)",
         )
+
+    def spend_event(self, size: int) -> None:
+        """One more emitted event of `size` bytes; as spend_log, with STEP_EVENTS_MAX and
+        STEP_EVENTS_MAX_BYTES."""
+        self._spend(
+            "events",
+            "event_bytes",
+            size,
+            settings.STEP_EVENTS_MAX,
+            settings.STEP_EVENTS_MAX_BYTES,
+            "events (STEP_EVENTS_MAX)",
+            "bytes of events (STEP_EVENTS_MAX_BYTES)",
+        )
+
+    def _spend(
+        self, count: str, total: str, size: int, max_count: int, max_bytes: int, counted: str, sized: str
+    ) -> None:
+        # A compare-and-set: the budget is checked by the UPDATE that spends it, so requests
+        # at once can never spend past it together.
+        if StepCredential.objects.filter(
+            pk=self.pk, **{f"{count}__lt": max_count, f"{total}__lte": max_bytes - size}
+        ).update(**{count: models.F(count) + 1, total: models.F(total) + size}):
+            return
+        spent = StepCredential.objects.values_list(count, flat=True).get(pk=self.pk)
+        if spent >= max_count:
+            raise OverBudget(f"A step may send at most {max_count} {counted}.", size=False)
+        raise OverBudget(f"A step may send at most {max_bytes} {sized}.", size=True)
 
     def report_status(self, status: dict[str, Any]) -> None:
         StepCredential.objects.filter(pk=self.pk).update(reported_status=status)
@@ -98,9 +135,10 @@ class StepCredential(models.Model):
 
 class StepLog(models.Model):
     """A log a step opened with POST /logs; its messages follow (POST /logs/{id}/messages).
-    relay-core's bodies are protobuf messages of its log service: kept here as sent."""
+    relay-core's bodies are protobuf messages of its log service: kept here as sent. A
+    step's logs and messages together are bounded (StepCredential.spend_log)."""
 
-    MAX_MESSAGES = 10_000
+    MAX_RECORD_BYTES = 65_536
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     step_run = models.ForeignKey(StepRun, on_delete=models.CASCADE, related_name="runtime_logs")

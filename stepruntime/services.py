@@ -2,6 +2,10 @@
 and shape the bodies). Everything is evaluated as the engine evaluates a step's spec
 (workflows.engine.resolve): parameters, outputs and statuses of the step's own run, and the
 secrets and connections its spec, env or `when` refer to, read when they are reached.
+
+A step reaches only what its own spec and env yield: a query (`GET /spec?q=…`) runs over the
+evaluated spec, not over the run's data, and what the spec yields (a parameter bound from a
+webhook's body, an output, a secret) is data, never evaluated again.
 """
 
 import base64
@@ -14,7 +18,7 @@ from workflows import engine
 from workflows.dialect.errors import EvaluationError
 from workflows.dialect.evaluate import Data, WorkflowEvaluator, evaluate
 from workflows.dialect.expr import ExpressionError, Options, evaluate_query, parse_template
-from workflows.dialect.model import Context, Result, Unresolvable, evaluate_all
+from workflows.dialect.model import DEFAULT_EVALUATOR, Context, Result, Unresolvable, evaluate_all
 from workflows.dialect.values import format_time, type_name
 from workflows.dialect.workflow import Step as StepSpec
 from workflows.models import StepRun, Workflow, WorkflowRun
@@ -35,25 +39,26 @@ def _container_field(step: StepRun, name: str) -> dict[str, Any]:
     return dict(getattr(container, name)) if container is not None else {}
 
 
-def _query(data: Data, tree: Any, q: str, lang: str) -> Result:
-    evaluator = WorkflowEvaluator(data)
+def _query(value: Any, q: str, lang: str) -> Result:
+    """`q` in `lang` over `value`, a settled spec or env (Evaluator.settle): the query reads
+    what the step's own spec yields and nothing else (no name of the template environment;
+    a string it selects or writes is text, never evaluated again)."""
     if lang in ("", "path"):
         # relay-core's pathlang expression, as relay_sdk sends it: `a["b"]`.
-        return evaluate_query(Context(), evaluator, Options(evaluator=evaluator), tree, q)
+        return evaluate_query(Context(), value, q)
     if lang == "path-template":
         try:
-            template = parse_template(q, Options(evaluator=evaluator))
+            template = parse_template(q, Options())
         except ExpressionError as exc:
             raise EvaluationError(f"parsing error: {q}: {exc}") from None
         ctx = Context()
         unresolvable = Unresolvable()
-        value = template.evaluate(ctx, tree, unresolvable)
-        result = evaluate_all(ctx, evaluator, value)
+        result = evaluate_all(ctx, DEFAULT_EVALUATOR, template.evaluate(ctx, value, unresolvable))
         result.unresolvable.extend(unresolvable)
         return result
     if lang == "jsonpath-template":
-        return jsonpath.evaluate_template(evaluator, tree, q)
-    return jsonpath.evaluate_path(evaluator, tree, q)
+        return jsonpath.evaluate_template(value, q)
+    return jsonpath.evaluate_path(value, q)
 
 
 def evaluated(run: WorkflowRun, tree: Any, q: str = "", lang: str = "") -> Result:
@@ -65,7 +70,9 @@ def evaluated(run: WorkflowRun, tree: Any, q: str = "", lang: str = "") -> Resul
     if q:
 
         def evaluation(data: Data) -> Result:
-            return _query(data, tree, q, lang)
+            # The spec evaluated once with the engine's rules, then queried as plain data:
+            # what the query selects needs (and engine.resolve reads) only what it references.
+            return _query(WorkflowEvaluator(data).settle(Context(), tree), q, lang)
     else:
 
         def evaluation(data: Data) -> Result:
@@ -166,10 +173,11 @@ def envelope(result: Result) -> dict[str, Any]:
 
 def start_workflow(step: StepRun, name: str, parameters: dict[str, Any]) -> tuple[WorkflowRun, int]:
     """A run of the step's workflow owner's workflow `name` (relay_sdk's `workflows.run`),
-    and its number among that workflow's runs. Raises Workflow.DoesNotExist, and
-    engine.ParameterError."""
+    and its number among that workflow's runs, one deeper than the step's run. Raises
+    Workflow.DoesNotExist, engine.ParameterError, and OverBudget (RUN_MAX_DEPTH,
+    RUN_MAX_IN_PROGRESS)."""
     owner = step.run.workflow.owner
     workflow = Workflow.objects.get(owner=owner, name=name)
-    run = engine.create_run(workflow, parameters, created_by=owner)
+    run = engine.create_run(workflow, parameters, created_by=owner, parent_step=step)
     number = WorkflowRun.objects.filter(workflow=workflow, created_at__lte=run.created_at).count()
     return run, number

@@ -18,7 +18,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from relay.api.exceptions import PayloadTooLarge
+from relay.api.exceptions import PayloadTooLarge, TooManyRequests
 from relay.api.parsers import RefusedJSON, check_storable, read_bounded, read_json
 from relay.api.views import NO_STORE
 from stepruntime import services
@@ -26,7 +26,7 @@ from stepruntime.authentication import StepCredentialAuthentication
 from stepruntime.models import EmittedEvent, StepCredential, StepLog, StepLogMessage
 from workflows import engine
 from workflows.dialect.errors import EvaluationError
-from workflows.models import StepRun, Workflow
+from workflows.models import OverBudget, StepRun, Workflow
 
 MAX_NAME_LENGTH = 255
 
@@ -108,6 +108,13 @@ def _name(value: str, what: str) -> str:
     return value
 
 
+def _over_budget(exc: OverBudget, code: str = "step_budget_exceeded") -> exceptions.APIException:
+    """413 for a budget of bytes, 429 for one of counts (README "Budgets")."""
+    if exc.size:
+        return PayloadTooLarge(str(exc), code=code)
+    return TooManyRequests(str(exc), code=code)
+
+
 def _evaluation_error(exc: Exception) -> Unprocessable:
     return Unprocessable(
         f"We could not evaluate this resource expression: {exc}", code="expression_evaluation_error"
@@ -184,7 +191,11 @@ class OutputView(StepView):
                 f"We don't know how to decode a request body with media type {media_type}.",
                 code="api_unknown_request_media_type_error",
             )
-        if not self.step.put_output(name, value):
+        try:
+            stored = self.step.put_output(name, value)
+        except OverBudget as exc:
+            raise _over_budget(exc) from None
+        if not stored:
             raise self.ended()
         return Response(status=status.HTTP_201_CREATED)
 
@@ -194,18 +205,20 @@ class StepOutputView(StepView):
     /outputs/{name}/metadata: mark one of the step's own outputs sensitive (or not)."""
 
     def get(self, request: Request, step: str, name: str) -> Response:
-        source = StepRun.objects.filter(run_id=self.step.run_id, name=step).only("outputs", "name").first()
+        source = (
+            StepRun.objects.filter(run_id=self.step.run_id, name=step)
+            .only("outputs", "output_metadata", "name")
+            .first()
+        )
         if source is None or name not in (source.outputs or {}):
             raise exceptions.NotFound("No such output in this run.", code="model_not_found_error")
-        metadata = (
-            StepCredential.objects.filter(step_run=source).values_list("output_metadata", flat=True).first()
-        )
+        # The value itself, sensitive or not: a step of the run reads it (and its log masks it).
         return Response(
             {
                 "task_name": source.name,
                 "key": name,
                 "value": source.outputs[name],
-                "metadata": (metadata or {}).get(name, {"sensitive": False}),
+                "metadata": {"sensitive": source.output_is_sensitive(name)},
             },
             headers=NO_STORE,
         )
@@ -217,7 +230,7 @@ class StepOutputView(StepView):
         body = self.json_body()
         if not isinstance(body, dict) or not isinstance(body.get("sensitive", False), bool):
             raise Unprocessable('The body is `{"sensitive": true|false}`.')
-        if not self.credential.set_output_metadata(output, {"sensitive": body.get("sensitive", False)}):
+        if not self.step.put_output_metadata(output, {"sensitive": body.get("sensitive", False)}):
             raise self.ended()
         return Response(status=status.HTTP_201_CREATED)
 
@@ -264,7 +277,11 @@ class DecoratorView(StepView):
         body = self.json_body()
         if not isinstance(body, dict) or not isinstance(body.get("type"), str):
             raise Unprocessable('A decorator is a JSON object with a string "type".')
-        if not self.step.put_decorator(name, body):
+        try:
+            stored = self.step.put_decorator(name, body)
+        except OverBudget as exc:
+            raise _over_budget(exc) from None
+        if not stored:
             raise self.ended()
         return Response(status=status.HTTP_201_CREATED)
 
@@ -279,7 +296,13 @@ class EventView(StepView):
         key = body.get("key", "")
         if not isinstance(key, str) or len(key) > 255:
             raise Unprocessable("An event's key is a string of at most 255 characters.")
-        EmittedEvent.objects.create(step_run=self.step, key=key, data=body.get("data") or {})
+        data = body.get("data") or {}
+        try:
+            with transaction.atomic():
+                self.credential.spend_event(len(self.body()))
+                EmittedEvent.objects.create(step_run=self.step, key=key, data=data)
+        except OverBudget as exc:
+            raise _over_budget(exc) from None
         return Response(status=status.HTTP_202_ACCEPTED)
 
 
@@ -290,8 +313,8 @@ def _octet_stream(view: StepView) -> bytes:
             code="api_unknown_request_media_type_error",
         )
     body = view.body()
-    if len(body) > 65_536:
-        raise PayloadTooLarge("A log record is at most 65536 bytes.")
+    if len(body) > StepLog.MAX_RECORD_BYTES:
+        raise PayloadTooLarge(f"A log record is at most {StepLog.MAX_RECORD_BYTES} bytes.")
     return body
 
 
@@ -301,24 +324,27 @@ class LogView(StepView):
 
     def post(self, request: Request) -> HttpResponse:
         header = _octet_stream(self)
-        log = StepLog.objects.create(step_run=self.step, header=header)
+        try:
+            with transaction.atomic():
+                self.credential.spend_log(len(header))
+                log = StepLog.objects.create(step_run=self.step, header=header)
+        except OverBudget as exc:
+            raise _over_budget(exc) from None
         return HttpResponse(str(log.id).encode(), status=201, content_type="application/octet-stream")
 
 
 class LogMessageView(StepView):
     def post(self, request: Request, log_id: str) -> HttpResponse:
         body = _octet_stream(self)
-        with transaction.atomic():
-            log = (
-                StepLog.objects.select_for_update()
-                .filter(pk=_uuid_or_none(log_id), step_run=self.step)
-                .first()
-            )
-            if log is None:
-                raise exceptions.NotFound("The step has no such log.", code="model_not_found_error")
-            if log.messages.count() >= StepLog.MAX_MESSAGES:
-                raise PayloadTooLarge(f"A log takes at most {StepLog.MAX_MESSAGES} messages.")
-            StepLogMessage.objects.create(log=log, body=body)
+        log = StepLog.objects.filter(pk=_uuid_or_none(log_id), step_run=self.step).first()
+        if log is None:
+            raise exceptions.NotFound("The step has no such log.", code="model_not_found_error")
+        try:
+            with transaction.atomic():
+                self.credential.spend_log(len(body))
+                StepLogMessage.objects.create(log=log, body=body)
+        except OverBudget as exc:
+            raise _over_budget(exc) from None
         return HttpResponse(b"", status=202, content_type="application/octet-stream")
 
 
@@ -358,7 +384,8 @@ class ValidateView(StepView):
 
 class WorkflowRunView(StepView):
     """POST /workflows/{name}/run: `{"parameters": {"p": {"value": …}}}` starts a run of the
-    workflow owner's workflow `name` (relay_sdk's `workflows.run`)."""
+    workflow owner's workflow `name` (relay_sdk's `workflows.run`); 429 past RUN_MAX_DEPTH
+    or RUN_MAX_IN_PROGRESS."""
 
     def post(self, request: Request, name: str) -> Response:
         body = self.json_body()
@@ -376,6 +403,8 @@ class WorkflowRunView(StepView):
             ) from None
         except engine.ParameterError as exc:
             raise Unprocessable(str(exc), code="model_write_error") from None
+        except OverBudget as exc:
+            raise _over_budget(exc, "run_budget_exceeded") from None
         app_url = f"{settings.RELAY_PUBLIC_URL}/api/workflow-runs/{run.pk}/"
         return Response(
             {"workflow_run": {"name": name, "run_number": number, "app_url": app_url}},

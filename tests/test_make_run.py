@@ -2,6 +2,7 @@
 storage, migrations, gunicorn and Celery, stopped by SIGINT as Ctrl-C would, started again."""
 
 import json
+import os
 import queue
 import signal
 import socket
@@ -156,6 +157,20 @@ def test_make_run_starts_everything_keeps_secrets_across_restarts_and_stops_clea
             service.url("/_puppet/runs"), headers={"Authorization": f"Bearer {token}"}, timeout=10
         )
         assert runs.json() == {"runs": []}
+        # The links it shows are where it listens (RELAY_PUBLIC_URL follows PORT).
+        source = (
+            "apiVersion: v1\nsteps:\n- {name: s, image: relaysh/core, input: [echo hi]}\n"
+            "triggers:\n- {name: hook, source: {type: webhook, image: relaysh/stdlib-trigger-json}}\n"
+        )
+        workflow = requests.post(
+            service.url("/api/workflows/"),
+            json={"name": "hooked", "source": source},
+            headers={"Authorization": f"Token {key}"},
+            timeout=10,
+        )
+        assert workflow.status_code == 201, workflow.text
+        [hook] = workflow.json()["triggers"]
+        assert hook["url"].startswith(service.url("/api/webhooks/")), hook
         assert requests.get(service.url("/admin/login/"), timeout=10).status_code == 200
 
         # `python manage.py` typed in the checkout finds make run's var/: its database and
@@ -218,3 +233,37 @@ def test_make_run_starts_everything_keeps_secrets_across_restarts_and_stops_clea
         assert (var / "deployment_id").read_text().strip() == deployment  # the same across restarts
     finally:
         assert service.interrupt() == 0
+
+
+@pytest.mark.parametrize(
+    ("env", "public", "runtime"),
+    [
+        ({}, "http://127.0.0.1:8000", "http://127.0.0.1:8000"),
+        ({"PORT": "8123"}, "http://127.0.0.1:8123", "http://127.0.0.1:8123"),
+        (
+            {"PORT": "8123", "RELAY_PUBLIC_URL": "https://relay.example.com/"},
+            "https://relay.example.com",
+            None,
+        ),
+    ],
+)
+def test_relay_public_url_defaults_to_where_the_service_listens(env, public, runtime):
+    """`make run` on another PORT: its webhook URLs, a puppet connection's relayAPIURL and the
+    address steps reach the service at are that port's, not whatever listens on 8000."""
+    base = {k: v for k, v in os.environ.items() if k not in ("PORT", "RELAY_PUBLIC_URL", "STEP_RUNTIME_URL")}
+    printed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import django; django.setup(); from django.conf import settings;"
+            "print(settings.RELAY_PUBLIC_URL, settings.STEP_RUNTIME_URL)",
+        ],
+        cwd=ROOT,
+        env={**base, "DJANGO_SETTINGS_MODULE": "tests.settings", **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert printed[0] == public
+    if runtime is not None:
+        assert printed[1] == runtime

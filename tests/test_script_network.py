@@ -249,6 +249,55 @@ def test_http_and_https_go_through_the_proxy_to_a_destination_it_allows(workers,
     )
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_service_is_reached_only_with_http_requests_for_its_own_paths(workers, owner, live_server):
+    """RELAY_PUBLIC_URL (here the live server, on loopback) through the proxy, and
+    STEP_RUNTIME_URL through the runtime door: its runtime and API paths, nothing else; and
+    no CONNECT tunnel to it, whose contents the proxy could not check."""
+    service = live_server.url
+    runtime = f"http://127.0.0.1:{network.RUNTIME_PORT}"
+    asked = {
+        "health": f"{service}/healthz",
+        "api": f"{service}/api/workflows/",
+        "admin": f"{service}/admin/login/",
+        "dotdot": f"{service}/api/../admin/login/",
+        "encoded": f"{service}/api/%2e%2e/admin/login/",
+        "schema-not-api": f"{service}/apix",
+        "door-admin": f"{runtime}/admin/login/",
+        "door-dotdot": f"{runtime}/spec/../admin/login/",
+    }
+    lines = ["#!/bin/bash"]
+    for name, url in asked.items():
+        lines.append(
+            f"curl -sS --path-as-is -o /work/{name} -w '{name} %{{http_code}}\\n' '{url}'; "
+            f"echo \"{name} body $(head -c 300 /work/{name} | tr -d '\\n')\""
+        )
+    # A CONNECT tunnel to the service (curl --proxytunnel), as an https client would open.
+    lines.append(
+        "curl -sS -p -o /dev/null -w 'tunnel %{http_code} %{http_connect}\\n' "
+        f"'{service}/healthz' 2>&1 | tail -1"
+    )
+    lines.append('echo "spec says $(ni get -p "{.greeting}")"')
+    log = run_step(owner, lines, name="service")
+    seen = {}
+    for line in log.splitlines():
+        name, kind, *rest = line.split(" ", 2)
+        if kind == "body":
+            seen.setdefault(name, {})["body"] = rest[0] if rest else ""
+        elif name in asked:
+            seen.setdefault(name, {})["status"] = int(kind)
+    assert seen["health"] == {"status": 200, "body": '{"status": "ok"}'}, log
+    # The API answers for itself (no credential: 401/403), it is not the proxy that refuses.
+    assert seen["api"]["status"] in (401, 403) and "not-a-service-path" not in seen["api"]["body"], log
+    for name in ("admin", "dotdot", "encoded", "schema-not-api", "door-admin", "door-dotdot"):
+        assert seen[name]["status"] == 403, (name, log)
+        body = json.loads(seen[name]["body"])
+        assert body["type"] == "urn:relay:problem:not-a-service-path", (name, body)
+        assert "only for the step runtime API, /api/, /_puppet/ and /healthz" in body["detail"]
+    assert "tunnel 000 403\n" in log or "tunnel 403 403\n" in log, log
+    assert "spec says hi\n" in log
+
+
 # The doors themselves, served in this process ------------------------------------------
 
 
@@ -417,3 +466,79 @@ def test_an_https_step_runtime_url_is_reached_over_tls_verified(standin, setting
         answer = ask(doors.directory / network.RUNTIME_SOCKET, request)
     assert answer.endswith(b"stand-in saw /spec\n")
     assert standin.received[0]["headers"]["host"] == f"{STANDIN_HOST}:{standin.tls_port}"
+
+
+@pytest.mark.parametrize(
+    ("target", "base", "allowed"),
+    [
+        (b"/spec", "", True),
+        (b"/outputs/build/x?q=1", "", True),
+        (b"/api/workflows/deploy/runs/", "", True),
+        (b"/_puppet/runs", "", True),
+        (b"/relay/spec", "/relay", True),
+        (b"/relay/api/", "/relay/", True),
+        (b"/spec", "/relay", False),
+        (b"/admin/login/", "", False),
+        (b"/", "", False),
+        (b"/static/admin/css/base.css", "", False),
+        (b"/api/../admin/", "", False),
+        (b"/api/./x", "", False),
+        (b"/api/%2e%2e/admin/", "", False),
+        (b"/api%2F..%2Fadmin/", "", False),
+        (b"/secrets/x%2F..%2F..%2Fadmin", "", False),
+        (b"//admin/", "", False),
+        (b"/api//x", "", False),
+        (b"/api\\..\\admin", "", False),
+        (b"/api/%00", "", False),
+        (b"/api/%ff", "", False),
+        (b"/ap%69/x", "", False),
+        (b"/relay/../spec", "/relay", False),
+        (b"http://elsewhere/spec", "", False),
+    ],
+)
+def test_only_the_services_own_paths_pass(target, base, allowed):
+    if allowed:
+        assert network.service_path(target, base) == target
+    else:
+        with pytest.raises(network.Refused) as refused:
+            network.service_path(target, base)
+        assert (refused.value.status, refused.value.code) == (403, "not-a-service-path")
+
+
+def test_every_step_runtime_route_is_a_service_path():
+    from stepruntime.urls import urlpatterns
+
+    assert {str(pattern.pattern).split("/")[0] for pattern in urlpatterns} <= network.SERVICE_PATHS
+    assert "admin" not in network.SERVICE_PATHS
+
+
+def test_an_https_service_is_reached_with_plain_http_through_the_proxy_over_tls(standin, monkeypatch):
+    """RELAY_PUBLIC_URL https on a private address: the step asks for http://host/… (naming
+    no port, or its port); the proxy checks the path and goes on over TLS, verified."""
+    monkeypatch.setenv("SSL_CERT_FILE", str(standin.ca))
+    policy = network.Policy(service_url=f"https://{STANDIN_HOST}:{standin.tls_port}/relay")
+    standin.received.clear()
+    with network.StepNetwork(True, policy=policy) as doors:
+        proxy = doors.directory / network.PROXY_SOCKET
+        for authority in (STANDIN_HOST, f"{STANDIN_HOST}:{standin.tls_port}"):
+            answer = ask(proxy, f"GET http://{authority}/relay/api/x HTTP/1.1\r\nHost: h\r\n\r\n".encode())
+            assert answer.endswith(b"stand-in saw /relay/api/x\n"), answer
+        assert [seen["headers"]["host"] for seen in standin.received] == [
+            f"{STANDIN_HOST}:{standin.tls_port}"
+        ] * 2
+        status, body = problem_of(ask(proxy, f"GET http://{STANDIN_HOST}/admin/ HTTP/1.1\r\n\r\n".encode()))
+        assert (status, body["type"]) == (403, "urn:relay:problem:not-a-service-path")
+        # Its address is not public: a tunnel to it is refused like any other, saying how to
+        # reach it instead.
+        status, body = problem_of(
+            ask(proxy, f"CONNECT {STANDIN_HOST}:{standin.tls_port} HTTP/1.1\r\n\r\n".encode())
+        )
+        assert (status, body["type"]) == (403, "urn:relay:problem:destination-not-public")
+        assert "is no exception to a CONNECT tunnel" in body["detail"]
+        assert f"http://{STANDIN_HOST}/…" in body["detail"]
+        # The same name at another port is not the service.
+        status, body = problem_of(
+            ask(proxy, f"GET http://{STANDIN_HOST}:{standin.port}/api/ HTTP/1.1\r\n\r\n".encode())
+        )
+        assert (status, body["type"]) == (403, "urn:relay:problem:destination-not-public")
+    assert len(standin.received) == 2

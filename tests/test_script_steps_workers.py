@@ -3,6 +3,7 @@ mid-script (the sandbox dies with it, the step ends `failure` with the reason in
 waiting forever), and other images with a container runtime configured (the docker CLI, with
 no engine to talk to: what can be checked here)."""
 
+import shutil
 from datetime import UTC, datetime
 
 import pytest
@@ -112,19 +113,19 @@ def test_the_container_command_line_carries_the_program_and_limits_but_no_values
     program = sandbox.Program(argv=[], env={"METADATA_API_URL": "http://rlys_x@h", "TOKEN": "s3cret"})
     limits = sandbox.Limits(10, 5, 64 * 1024 * 1024, 32, 1000, 1000)
     argv = container.command("podman", ctx, program, limits, "relay-step-1", "/srv/s.sh")
-    assert argv[:4] == ["podman", "run", "--rm", "--name"]
-    assert argv[-3:] == ["--entrypoint", sandbox.SCRIPT_PATH, "alpine:3"]
-    assert f"/srv/s.sh:{sandbox.SCRIPT_PATH}:ro" in argv
-    for flag, value in (
-        ("--pids-limit", "32"),
-        ("--memory", f"{64 * 1024 * 1024}b"),
-        ("--ulimit", "cpu=5:5"),
-        ("--network", "host"),
-        ("--cap-drop", "ALL"),
+    assert argv[:4] == ["podman", "run", "--rm", "--name=relay-step-1"]
+    assert argv[-3:] == [f"--entrypoint={sandbox.SCRIPT_PATH}", "--", "alpine:3"]
+    assert f"--volume=/srv/s.sh:{sandbox.SCRIPT_PATH}:ro" in argv
+    for option in (
+        "--pids-limit=32",
+        f"--memory={64 * 1024 * 1024}b",
+        "--ulimit=cpu=5:5",
+        "--network=none",
+        "--cap-drop=ALL",
     ):
-        assert argv[argv.index(flag) + 1] == value
+        assert option in argv
     assert not any("s3cret" in arg or "rlys_" in arg for arg in argv)  # values: from the environment
-    assert argv.count("-e") == 2 and "TOKEN" in argv and "METADATA_API_URL" in argv
+    assert [arg for arg in argv if arg.startswith("--env")] == ["--env=METADATA_API_URL", "--env=TOKEN"]
     with_command = container.command(
         "docker",
         StepContext(**{**ctx.__dict__, "command": "/bin/run", "args": ("a", "b")}),
@@ -133,8 +134,7 @@ def test_the_container_command_line_carries_the_program_and_limits_but_no_values
         "n",
         None,
     )
-    assert with_command[-5:] == ["--entrypoint", "/bin/run", "alpine:3", "a", "b"]
-    assert with_command[with_command.index("--network") + 1] == "none"
+    assert with_command[-5:] == ["--entrypoint=/bin/run", "--", "alpine:3", "a", "b"]
 
 
 def test_without_cgroups_a_process_flood_is_bounded_by_its_own_uids_process_limit(start_workers, owner):
@@ -187,6 +187,7 @@ steps:
   - 'curl -sS -m 5 http://93.184.216.34/ || echo "no way out: $?"'
 - name: py
   image: relaysh/core:latest-python
+  dependsOn: offline
   input: ["#!/usr/bin/env python3", "import relay_sdk"]
 """
     run = finished(run_of(owner, source))
@@ -199,8 +200,88 @@ steps:
     assert lines[:4] == ["1", "0", "runtime.sock", "hi"], log
     assert "Failed to connect" in log or "Couldn't connect" in log
     assert lines[-1] == "no way out: 7"
-    assert steps["py"].status == "failure"
+    # The worker's lack, not the step's: system-error, which ends the run so.
+    assert (steps["py"].status, run.outcome) == ("system-error", "system-error")
     assert steps["py"].message == (
         "relay_sdk for relaysh/core:latest-python is not installed on this worker "
         "(/nonexistent/step-python; `make .step-python/.installed` builds it)."
     )
+
+
+CHECKOUT_STEPS = """
+apiVersion: v1
+steps:
+- name: core
+  image: relaysh/core
+  spec: {greeting: hi}
+  input: ['echo "core says $(ni get -p "{.greeting}")"']
+- name: py
+  image: relaysh/core:latest-python
+  spec: {greeting: hello}
+  input:
+  - "#!/usr/bin/env python3"
+  - "from relay_sdk import Interface, Dynamic as D"
+  - "print('py says', Interface().get(D.greeting))"
+"""
+
+
+def test_script_steps_run_from_a_checkout_inside_a_0700_directory(start_workers, owner, tmp_path):
+    """A clone in a home directory, /root or a `mktemp -d` (here: `ni` and `.step-python/` of
+    a copy inside a 0700 directory, its files 0600 as a clone under umask 077 makes them):
+    the sandbox's own uid cannot reach them there, yet every step runs."""
+    home = tmp_path / "home"
+    checkout = home / "relay"
+    checkout.mkdir(parents=True)
+    home.chmod(0o700)
+    ni = checkout / "ni"
+    shutil.copy2(settings.STEP_NI, ni)
+    python = checkout / ".step-python"
+    shutil.copytree(settings.STEP_PYTHON_DIR, python, symlinks=True)
+    for path in [ni, *python.rglob("*")]:
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o700 if path == ni else 0o600)
+    start_workers(STEP_NI=str(ni), STEP_PYTHON_DIR=str(python))
+    run = finished(run_of(owner, CHECKOUT_STEPS), timeout=60)
+    steps = {step.name: step for step in run.steps.all()}
+    assert (steps["core"].status, steps["py"].status) == ("success", "success"), (
+        [(step.name, step.message) for step in steps.values()],
+        log_of(run, "core"),
+        log_of(run, "py"),
+    )
+    assert log_of(run, "core") == "core says hi\n"
+    assert log_of(run, "py") == "py says hello\n"
+
+    # A new `ni` is what the next sandbox gets.
+    ni.write_text("#!/bin/sh\necho new ni\n")
+    source = "apiVersion: v1\nsteps:\n- {name: s, image: relaysh/core, input: [ni]}\n"
+    again = finished(run_of(owner, source, name="again"), timeout=60)
+    assert log_of(again, "s") == "new ni\n"
+
+
+def test_a_sandbox_that_cannot_start_ends_its_step_system_error_with_bubblewraps_reason(start_workers, owner):
+    # bubblewrap refuses to set the sandbox up (a /work of 0 bytes): nothing of the step runs.
+    start_workers(STEP_WORK_DIR_BYTES="0")
+    source = (
+        "apiVersion: v1\nsteps:\n- {name: s, image: relaysh/core, input: [echo ran]}\n"
+        "- {name: after, image: relaysh/core, dependsOn: s, input: [echo ran]}\n"
+    )
+    run = finished(run_of(owner, source), timeout=60)
+    steps = {step.name: step for step in run.steps.all()}
+    assert steps["s"].status == "system-error"
+    assert steps["s"].message == "The sandbox could not start: bwrap: --size takes a non-zero number of bytes"
+    assert "ran" not in log_of(run, "s")
+    assert steps["after"].status == "skipped"
+    assert run.outcome == "system-error"
+    assert run.message == f"Step 's' could not be run: {steps['s'].message}"
+
+
+def test_a_mount_directory_the_sandboxes_cannot_reach_is_said_as_such(start_workers, owner, tmp_path):
+    hidden = tmp_path / "hidden"
+    hidden.mkdir(mode=0o700)
+    start_workers(STEP_MOUNT_DIR=str(hidden / "mounts"))
+    source = "apiVersion: v1\nsteps:\n- {name: s, image: relaysh/core, input: [exit 0]}\n"
+    run = finished(run_of(owner, source))
+    step = run.steps.get()
+    assert step.status == "system-error"
+    assert step.message.startswith(f"The sandboxes' uid cannot reach STEP_MOUNT_DIR ({hidden / 'mounts'}): ")
+    assert f"{hidden} is mode 0700" in step.message

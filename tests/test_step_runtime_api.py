@@ -321,3 +321,186 @@ def test_a_step_cannot_read_another_steps_spec(alice):
     assert c.get("/spec").json()["value"] == {"mine": "a"}
     assert_problem(c.get("/secrets/t"), 404)  # b's secret: a's spec does not refer to it
     assert_problem(c.get("/spec", {"q": "token"}), 422)  # no such key in a's spec
+
+
+# A step reaches only what its spec yields; data stays data --------------------------------------
+
+# Text a webhook's body, a Puppet report or a run's parameters can carry: were it evaluated
+# again, it would read a secret and a connection the step's spec does not refer to.
+HOSTILE = "${secrets.unrelated} / ${connections.puppet['prod-puppet'].token}"
+
+
+def assert_nothing_leaks(response, token: str) -> None:
+    assert b"not-for-a" not in response.content and token.encode() not in response.content
+
+
+def test_a_query_names_nothing_the_spec_does_not_reference(held, connection):
+    _, token = connection  # alice's Puppet connection "prod-puppet"; a's spec does not name it
+    c = client(held)
+    for q, lang in [
+        ("'${secrets.unrelated}'", ""),
+        ('"${secrets.unrelated}"', "path"),
+        ("\"${connections.puppet['prod-puppet'].token}\"", "path"),
+        ("${'${secrets.unrelated}'}", "path-template"),
+        ('{"${secrets.unrelated}"}', "jsonpath-template"),
+    ]:
+        response = c.get("/spec", {"q": q, "lang": lang})
+        assert_nothing_leaks(response, token)
+        body = response.json()
+        assert body["complete"] is True and body["value"].startswith("${"), (q, lang, body)
+    # The template environment is not the query's: only the spec's own keys are there.
+    for q, lang in [
+        ("${connections.puppet['prod-puppet'].token}", "path-template"),
+        ("${secrets.unrelated}", "path-template"),
+        ("secrets.unrelated", "path"),
+        ("$.secrets.unrelated", "jsonpath"),
+    ]:
+        response = c.get("/spec", {"q": q, "lang": lang})
+        assert_nothing_leaks(response, token)
+        assert response.status_code == 422 or response.json()["value"] in (None, ""), (q, response.content)
+    # What the spec does refer to is still there, in every language.
+    assert c.get("/spec", {"q": "token"}).json()["value"] == "s3cret-value"
+    assert c.get("/spec", {"q": "${token}", "lang": "path-template"}).json()["value"] == "s3cret-value"
+    assert c.get("/spec", {"q": "{.token}", "lang": "jsonpath-template"}).json()["value"] == "s3cret-value"
+
+
+FED = """
+apiVersion: v1
+parameters:
+  host: {}
+  doc: {}
+  parts: {}
+steps:
+- name: a
+  image: relaysh/core
+- name: b
+  image: relaysh/core
+  spec:
+    host: !Parameter host
+    quoted: "host is ${parameters.host}"
+    doc: !Parameter doc
+    picked: !Fn.path [!Parameter doc, title]
+    joined: {$fn.concat: !Parameter parts}
+    carried: !Output [a, carried]
+    token: !Secret apiToken
+  env: {HOST: !Parameter host, CARRIED: !Output [a, carried]}
+  when: !Fn.equals [!Fn.path [!Parameter doc, title], !Parameter host]
+- name: c
+  image: relay-internal/noop
+  dependsOn: b
+  spec:
+    outputs:
+      host: !Parameter host
+      picked: !Fn.path [!Parameter doc, title]
+      joined: {$fn.concat: !Parameter parts}
+      carried: !Output [a, carried]
+"""
+
+
+def test_values_that_arrived_as_data_come_back_verbatim_in_every_language(alice, alice_api, connection):
+    _, token = connection
+    workflow = make_workflow(alice, FED)
+    WorkflowSecret.put(workflow, "apiToken", "s3cret-value", alice)
+    WorkflowSecret.put(workflow, "unrelated", "not-for-a", alice)
+    doc = {"title": HOSTILE, "ref": {"$type": "Secret", "name": "unrelated"}}
+    parameters = {"host": HOSTILE, "doc": doc, "parts": ["${secrets.unrelated}", " ", HOSTILE]}
+    started = alice_api.post("/api/workflows/wf/runs/", {"parameters": parameters}, format="json")
+    assert started.status_code == 201, started.content
+    run = WorkflowRun.objects.get(pk=started.json()["id"])
+    a = start_step(run, "a")
+    assert (
+        client(a).put("/outputs/carried", b"${secrets.unrelated}", content_type="text/plain").status_code
+        == 201
+    )
+    a.end()
+    b = start_step(run, "b")
+    c = client(b)
+
+    whole = c.get("/spec")
+    assert_nothing_leaks(whole, token)
+    assert whole.json()["value"] == {
+        "host": HOSTILE,
+        "quoted": "host is " + HOSTILE,
+        "doc": doc,
+        "picked": HOSTILE,
+        "joined": "${secrets.unrelated} " + HOSTILE,
+        "carried": "${secrets.unrelated}",
+        "token": "s3cret-value",
+    }
+    for q, lang, value in [
+        ("host", "", HOSTILE),
+        ('$["host"]', "path", HOSTILE),
+        ("quoted", "path", "host is " + HOSTILE),
+        ('doc["title"]', "", HOSTILE),
+        ("doc.ref", "path", {"$type": "Secret", "name": "unrelated"}),
+        ("picked", "", HOSTILE),
+        ("joined", "", "${secrets.unrelated} " + HOSTILE),
+        ("carried", "", "${secrets.unrelated}"),
+        ("${host}", "path-template", HOSTILE),
+        ("[${carried}]", "path-template", "[${secrets.unrelated}]"),
+        ("${doc.ref}", "path-template", {"$type": "Secret", "name": "unrelated"}),
+        ("$.host", "jsonpath", HOSTILE),
+        ("{.doc.ref}", "jsonpath", {"$type": "Secret", "name": "unrelated"}),
+        ("{.host}", "jsonpath-template", HOSTILE),
+        ("{.carried} and {.doc.title}", "jsonpath-template", "${secrets.unrelated} and " + HOSTILE),
+    ]:
+        response = c.get("/spec", {"q": q, "lang": lang})
+        assert_nothing_leaks(response, token)
+        assert response.json() == {"value": value, "unresolvable": {}, "complete": True}, (q, lang)
+    environment = c.get("/environment")
+    assert_nothing_leaks(environment, token)
+    assert environment.json()["value"] == {"HOST": HOSTILE, "CARRIED": "${secrets.unrelated}"}
+    assert c.get("/environment/HOST").json()["value"] == HOSTILE
+    conditions = c.get("/conditions")
+    assert_nothing_leaks(conditions, token)
+    assert conditions.json() == {"resolved": True, "success": True, "message": "all checks passed"}
+    assert_problem(c.get("/secrets/unrelated"), 404)
+    assert c.post("/validate").status_code == 200
+    b.end()
+    # The engine evaluates a step's spec by the same rule.
+    assert later_step_outputs(run, "c") == {
+        "host": HOSTILE,
+        "picked": HOSTILE,
+        "joined": "${secrets.unrelated} " + HOSTILE,
+        "carried": "${secrets.unrelated}",
+    }
+
+
+def test_a_query_over_a_partly_resolvable_spec_is_complete_where_it_does_not_go(alice):
+    source = """
+apiVersion: v1
+parameters:
+  text: {default: "{"}
+steps:
+- {name: a, image: relaysh/core}
+- name: b
+  image: relaysh/core
+  spec:
+    x: !Output [a, later]
+    y: {z: [1, !Output [a, later]], w: 2}
+    bad: !Fn.jsonUnmarshal [!Parameter text]
+"""
+    run = run_of(alice, source)
+    a = start_step(run, "a")
+    a.end()
+    c = client(start_step(run, "b"))
+    later = {"outputs": [{"from": "a", "name": "later"}]}
+    for q, lang, value in [
+        ("y.w", "", 2),
+        ("y.z[0]", "", 1),
+        ("${y.w}", "path-template", 2),
+        ("$.y.w", "jsonpath", 2),
+        ("{.y.z[0]}", "jsonpath-template", "1"),
+    ]:
+        assert c.get("/spec", {"q": q, "lang": lang}).json() == {
+            "value": value,
+            "unresolvable": {},
+            "complete": True,
+        }
+    for q, lang in [("y.z", ""), ("x", "path"), ("{.y.z[1]}", "jsonpath-template"), ("$.x", "jsonpath")]:
+        body = c.get("/spec", {"q": q, "lang": lang}).json()
+        assert body["complete"] is False and body["unresolvable"] == later, (q, lang, body)
+    # A part that fails fails only the queries that go through it.
+    body = assert_problem(c.get("/spec", {"q": "bad"}), 422)
+    assert "jsonUnmarshal" in body["detail"]
+    assert_problem(c.get("/spec"), 422)

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import requests
@@ -13,7 +14,10 @@ from relay_sdk import Dynamic as D
 from relay_sdk import Interface
 from relay_sdk.interface import UnresolvableException
 
+from connections.models import SlackConnection
+from puppet_connection.models import PuppetConnection
 from stepruntime.models import EmittedEvent
+from tests.conftest import client_for
 from tests.runtime_helpers import Running, later_step_outputs, start_step
 from tests.workflow_helpers import make_workflow
 from workflows import engine
@@ -174,6 +178,26 @@ def test_ni_sets_outputs_that_a_later_step_reads(held):
     assert later_step_outputs(held.run, "b") == {"fromSdk": 7, "word": "two words", "doc": {"a": [1, 2]}}
 
 
+def test_sensitive_outputs_from_the_sdk_and_ni_are_never_shown_to_people(held, alice):
+    api = client_for(alice)
+
+    def shown() -> dict:
+        steps = api.get(f"/api/workflow-runs/{held.run.pk}/").json()["steps"]
+        return next(s["outputs"] for s in steps if s["name"] == "a")
+
+    relay = Interface(api_url=held.url)
+    # relay_sdk 0.3.1 has no call for the mark: its session sends relay-core's PUT, here
+    # after the value; until the step ends nobody sees what it may still mark.
+    relay.outputs.set("word", "s3nsitive-w0rd")
+    relay.outputs.set("fromSdk", 7)
+    assert shown() == {"word": "***", "fromSdk": "***"}
+    relay._client.put("http+api://api/outputs/word/metadata", json={"sensitive": True}).raise_for_status()
+    assert ni(held, "output", "set", "-k", "doc", "--sensitive", "-v", "ni-s3cret-doc").returncode == 0
+    assert ni(held, "output", "get", "-n", "a", "-k", "doc").stdout == "ni-s3cret-doc"  # steps read it
+    held.end()
+    assert shown() == {"word": "***", "fromSdk": 7, "doc": "***"}
+
+
 def test_ni_other_subcommands(held, tmp_path):
     assert ni(held, "metadata", "get", "env", "var", "WHO").stdout == "relay"
     assert json.loads(ni(held, "md", "get", "env", "vars").stdout) == {"WHO": "relay"}
@@ -210,3 +234,108 @@ def test_ni_runs_with_the_system_python_alone(held):
     )
     assert (done.returncode, done.stdout) == (0, "hello relay"), done.stderr
     assert os.access(NI, os.X_OK)
+
+
+# Data is data, and a step reads nothing its spec does not name ---------------------------------
+
+SLACK = "xoxb-1111111111-2222222222222-DataIsDataNotAToken"
+# What a webhook's body or a pull request's title can hold: evaluated again, it would read the
+# workflow's secret and its owner's connections, none of which the step's spec names.
+HOSTILE = "${secrets.dbpass} / ${connections.slack['x'].apiToken} / ${connections.puppet['name'].token}"
+
+FED = """
+apiVersion: v1
+parameters:
+  host: {}
+  doc: {}
+steps:
+- name: a
+  image: relaysh/core
+- name: b
+  image: relaysh/core:latest-python
+  spec:
+    host: !Parameter host
+    doc: !Parameter doc
+    title: !Fn.path [!Parameter doc, title]
+    carried: !Output [a, carried]
+  env: {HOST: !Parameter host}
+"""
+
+
+@pytest.fixture
+def fed(transactional_db, alice, live_server) -> tuple[Running, list[str]]:
+    """Step b of a run started over the API with HOSTILE as its parameters, after step a set
+    an output holding `${secrets.other}` with ni; and the values b must never see."""
+    workflow = make_workflow(alice, FED, "fed")
+    WorkflowSecret.put(workflow, "dbpass", "db-password-value", alice)
+    WorkflowSecret.put(workflow, "other", "other-secret-value", alice)
+    SlackConnection.create_with_token(owner=alice, name="x", token=SLACK)
+    _, puppet = PuppetConnection.create_with_token(owner=alice, name="name")
+    doc = {"title": HOSTILE, "ref": {"$type": "Secret", "name": "dbpass"}}
+    started = client_for(alice).post(
+        "/api/workflows/fed/runs/", {"parameters": {"host": HOSTILE, "doc": doc}}, format="json"
+    )
+    assert started.status_code == 201, started.content
+    run = WorkflowRun.objects.get(pk=started.json()["id"])
+    a = start_step(run, "a", base=live_server.url)
+    assert ni(a, "output", "set", "-k", "carried", "-v", "${secrets.other}").returncode == 0
+    a.end()
+    return start_step(run, "b", base=live_server.url), [
+        "db-password-value",
+        "other-secret-value",
+        SLACK,
+        str(puppet),
+    ]
+
+
+def test_the_sdk_and_ni_read_data_verbatim(fed):
+    b, never = fed
+    relay = Interface(api_url=b.url)
+    assert relay.get(D.host) == HOSTILE
+    assert relay.get(D.doc.title) == HOSTILE
+    assert relay.get(D.title) == HOSTILE
+    assert relay.get(D.doc.ref) == {"$type": "Secret", "name": "dbpass"}
+    assert relay.get(D.carried) == "${secrets.other}"
+    whole = relay.get()
+    assert whole["host"] == HOSTILE and whole["carried"] == "${secrets.other}"
+    assert json.loads(ni(b, "get").stdout) == whole
+    assert ni(b, "get", "-p", "{.host}").stdout == HOSTILE
+    assert ni(b, "get", "-p", "{.doc.title}").stdout == HOSTILE
+    assert ni(b, "get", "-p", "{.carried}").stdout == "${secrets.other}"
+    assert ni(b, "metadata", "get", "env", "var", "HOST").stdout == HOSTILE
+    outputs = [
+        ni(b, "get").stdout,
+        ni(b, "get", "-p", "{.doc}").stdout,
+        json.dumps(relay.get(D.doc)),
+        ni(b, "md", "get", "env", "vars").stdout,
+    ]
+    for text in outputs:
+        assert not any(value in text for value in never), text
+
+
+def origin(held: Running) -> str:
+    parts = urlsplit(held.url)
+    return f"{parts.scheme}://{parts.hostname}:{parts.port}"
+
+
+def test_a_query_reads_no_secret_or_connection_the_spec_does_not_name(fed):
+    b, never = fed
+    relay = Interface(api_url=b.url)
+    # relay_sdk sends a string as it is: the path language, here a string literal.
+    assert relay.get("'${secrets.other}'") == "${secrets.other}"
+    assert relay.get("\"${connections.slack['x'].apiToken}\"") == "${connections.slack['x'].apiToken}"
+    session = requests.Session()
+    session.auth = (b.token, "")
+    for q, lang in [
+        ("${connections.puppet['name'].token}", "path-template"),
+        ("${secrets.other}", "path-template"),
+        ("${'${secrets.other}'}", "path-template"),
+        ("connections.puppet.name.token", "path"),
+        ('{"${secrets.other}"}', "jsonpath-template"),
+        ("$.secrets", "jsonpath"),
+    ]:
+        response = session.get(f"{origin(b)}/spec", params={"q": q, "lang": lang})
+        assert response.status_code in (200, 422), response.text
+        assert not any(value in response.text for value in never), (q, lang, response.text)
+    assert ni(b, "get", "-p", '{"${secrets.other}"}').stdout == "${secrets.other}"
+    assert session.get(f"{origin(b)}/secrets/other").status_code == 404

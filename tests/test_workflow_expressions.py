@@ -935,15 +935,74 @@ QUERY_CASES = [
 def test_evaluate_query(
     tree: Any, query: str, data: Data, value: Any, unresolvable: dict, error: str
 ) -> None:
-    evaluator = WorkflowEvaluator(data)
+    # As the step runtime API runs a query: over the tree evaluated once, as data.
+    settled = WorkflowEvaluator(data).settle(Context(), tree)
     if error:
         with pytest.raises(EvaluationError) as raised:
-            expr.evaluate_query(Context(), evaluator, expr.Options(evaluator=evaluator), tree, query)
+            expr.evaluate_query(Context(), settled, query)
         assert error in str(raised.value)
         return
-    result = expr.evaluate_query(Context(), evaluator, expr.Options(evaluator=evaluator), tree, query)
+    result = expr.evaluate_query(Context(), settled, query)
     assert result.value == value
     assert result.unresolvable.as_dict() == unresolvable
+
+
+# Data is data: what a reference, template or call yields is never evaluated again ------------
+
+HOSTILE = "${secrets.x} ${connections.slack.x.apiToken}"
+HOSTILE_MAP = {"text": HOSTILE, "ref": {"$type": "Secret", "name": "x"}, "fn": {"$fn.now": []}}
+DATA_CASES = [
+    ("a parameter", parameter("p"), HOSTILE),
+    ("a template", "${parameters.p}", HOSTILE),
+    ("a template's text", "at ${parameters.p}", "at " + HOSTILE),
+    ("an output", output("a", "o"), HOSTILE_MAP),
+    ("a path into an output", invocation("path", [output("a", "o"), "text"]), HOSTILE),
+    (
+        "a path to a reference in data",
+        invocation("path", {"object": output("a", "o"), "query": "ref"}),
+        HOSTILE_MAP["ref"],
+    ),
+    ("a path in a template", "${path(outputs.a.o, 'ref')}", HOSTILE_MAP["ref"]),
+    ("a function's arguments from a parameter", invocation("concat", parameter("list")), HOSTILE + "!"),
+    (
+        "a function's keyword arguments from a parameter",
+        invocation("merge", parameter("objects")),
+        HOSTILE_MAP,
+    ),
+    ("a function's one argument from a template", invocation("toString", "${parameters.p}"), HOSTILE),
+    (
+        "a function's arguments from a call",
+        invocation("coalesce", invocation("jsonUnmarshal", [parameter("json")])),
+        HOSTILE,
+    ),
+    ("a merge of data", invocation("merge", [output("a", "o"), {"more": 1}]), {**HOSTILE_MAP, "more": 1}),
+    ("event data", {"$type": "Data", "query": "title"}, HOSTILE),
+    ("a path into event data", invocation("path", [{"$type": "Data", "query": "pr"}, "title"]), HOSTILE),
+]
+
+
+@pytest.mark.parametrize(("tree", "value"), [c[1:] for c in DATA_CASES], ids=[c[0] for c in DATA_CASES])
+def test_what_arrives_as_data_is_never_evaluated_again(tree: Any, value: Any) -> None:
+    """The data holds text that reads a secret and a connection, and a `$type` map, were
+    they evaluated; the run has neither to give (so an evaluation of them would be
+    incomplete), and the result is the data as it is."""
+    data = Data(
+        parameters={
+            "p": HOSTILE,
+            "list": [HOSTILE, "!"],
+            "objects": {"objects": [HOSTILE_MAP]},
+            "json": f'["{HOSTILE}"]',
+        },
+        outputs={("a", "o"): HOSTILE_MAP},
+        event={"title": HOSTILE, "pr": {"title": HOSTILE}},
+        event_available=True,
+    )
+    result = evaluate({"v": tree}, data)
+    assert result.unresolvable.as_dict() == {}
+    assert result.value == {"v": value}
+    # And over the value a step's spec settles into (the step runtime API's queries).
+    settled = WorkflowEvaluator(data).settle(Context(), {"v": tree})
+    assert expr.evaluate_query(Context(), settled, "v").value == value
 
 
 AWS_CONNECTION = {

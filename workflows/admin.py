@@ -1,6 +1,7 @@
 """Workflows (the document edited in place, its errors under it), their runs (steps with
-statuses, timings and outputs, the event that started them), and approvals with their
-approve and reject buttons (for users with workflows.approve_steprun; read-only to others).
+statuses, timings and outputs, sensitive ones masked, the event that started them), and
+approvals with their approve and reject buttons (for users with workflows.approve_steprun;
+read-only to others).
 
 Who may do what is workflows.permissions, as in the API: staff see and manage their own
 workflows, runs and approvals here whatever their permissions; other users' need the
@@ -26,7 +27,7 @@ from relay import vault
 from runs.models import Run
 from scriptsteps import services as scripts
 from workflows import engine
-from workflows.dialect.validate import validate
+from workflows.dialect.validate import parse, validate
 from workflows.models import (
     Approval,
     Conflict,
@@ -44,7 +45,7 @@ from workflows.permissions import Action, is_superuser, may, runs_for, steps_for
 
 def puppet_run_of(step: StepRun) -> Run | None:
     """The Puppet run a Puppet step made or waits for (its `id` output), if it is one."""
-    run_id = (step.outputs or {}).get("id")
+    run_id = step.shown_outputs.get("id")  # a step's sensitive output links nowhere
     try:
         return Run.objects.filter(pk=uuid.UUID(str(run_id))).first() if run_id else None
     except ValueError:
@@ -54,7 +55,8 @@ def puppet_run_of(step: StepRun) -> Run | None:
 def what_would_change(outputs: Any) -> str:
     """A run-wait's `results`, per node: whether changes are pending and which resources
     would change (the bridge reads them from each node's last run report)."""
-    nodes = outputs.get("results", {}).get("nodes") if isinstance(outputs, dict) else None
+    results = outputs.get("results") if isinstance(outputs, dict) else None
+    nodes = results.get("nodes") if isinstance(results, dict) else None  # or hidden: MASK
     if not isinstance(nodes, list):
         return ""
     lines = []
@@ -114,6 +116,15 @@ class WorkflowForm(forms.ModelForm):
             taken = Workflow.objects.filter(owner=self.instance.owner_id, name=data["name"])
             if taken.exclude(pk=self.instance.pk).exists():
                 self.add_error("name", "The owner already has a workflow with this name.")
+        # The owner's budget of schedule triggers (Workflow.add_revision checks it again
+        # under a lock): said on the form, not as an error page.
+        owner_id = data["owner"].pk if data.get("owner") is not None else self.instance.owner_id
+        source = data.get("source")
+        if owner_id is not None and source is not None:
+            workflow = self.instance
+            had = workflow.schedule_names() if workflow.pk else set()
+            for p in workflow.owner_schedule_problems(owner_id, source, parse(source), had):
+                self.add_error("source", f"Line {p.line}, column {p.column} ({p.pointer}): {p.detail}")
         return data
 
     def clean_source(self) -> str:
@@ -360,7 +371,7 @@ class StepRunInline(admin.TabularInline):
 
     @admin.display(description="outputs")
     def shown_outputs(self, step: StepRun) -> str:
-        return pretty_json(step.outputs) if step.outputs else ""
+        return pretty_json(step.shown_outputs) if step.outputs else ""
 
 
 @admin.register(WorkflowRun)
@@ -557,8 +568,8 @@ class ApprovalAdmin(admin.ModelAdmin):
             "",
             "<p><strong>{}</strong> ({}): {}</p>{}{}",
             (
-                (row.name, row.status, row.message, what_would_change(row.outputs), pretty_json(row.outputs))
-                for row in rows
+                (row.name, row.status, row.message, what_would_change(shown), pretty_json(shown))
+                for row, shown in ((row, row.shown_outputs) for row in rows)
             ),
         )
 

@@ -21,10 +21,15 @@ condition on its status in a later step's `when` was true (that step lists it in
 `excused`); a step in `system-error` stops the run, which ends `system-error`.
 """
 
+import gc
+import json
 import logging
+import sys
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
-from functools import lru_cache
+from types import BuiltinFunctionType, CodeType, FunctionType, MethodType, ModuleType
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -43,6 +48,7 @@ from workflows.dialect.workflow import Step as StepSpec
 from workflows.dialect.workflow import Workflow as ParsedWorkflow
 from workflows.models import (
     RESOLVED,
+    OverBudget,
     RunOutcome,
     RunStatus,
     StepKind,
@@ -52,6 +58,7 @@ from workflows.models import (
     WorkflowRevision,
     WorkflowRun,
     WorkflowSecret,
+    lock_owner,
 )
 from workflows.steps import registry
 from workflows.steps.base import Done, Outcome, StepContext, Wait
@@ -62,12 +69,69 @@ log = logging.getLogger(__name__)
 # Documents -----------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=256)
-def parsed(revision_id: int) -> ParsedWorkflow:
-    """A revision's document as the engine uses it. Revisions never change, so each process
-    parses each one once (a published workflow takes about 4 ms, 200 steps 0.2 s)."""
-    source = WorkflowRevision.objects.values_list("source", flat=True).get(pk=revision_id)
-    return validate.parse(source)
+class ParsedCache:
+    """Revisions' documents as the engine uses them, by revision id. Revisions never change,
+    so each process parses each one once (a published workflow takes about 4 ms, 200 steps
+    0.2 s) and keeps the ones used last, up to PARSED_CACHE_MAX_BYTES of them: a 1 MiB
+    document's parse holds 1 MB (one long string) to 12 MB (many small nodes), a small
+    one's 10 KB, so a count of entries bounds nothing. Each entry is weighed once, by
+    walking what it holds (footprint: 2-5% of the parse's time); one heavier than the whole
+    budget is parsed each time, never kept."""
+
+    def __init__(self) -> None:
+        self.entries: OrderedDict[int, tuple[ParsedWorkflow, int]] = OrderedDict()
+        self.bytes = 0
+        self.lock = threading.Lock()  # the web's threads share it
+
+    def __call__(self, revision_id: int) -> ParsedWorkflow:
+        with self.lock:
+            kept = self.entries.get(revision_id)
+            if kept is not None:
+                self.entries.move_to_end(revision_id)
+                return kept[0]
+        source = WorkflowRevision.objects.values_list("source", flat=True).get(pk=revision_id)
+        document = validate.parse(source, stored=True)
+        size = footprint(document)
+        budget = settings.PARSED_CACHE_MAX_BYTES
+        with self.lock:
+            if size <= budget and revision_id not in self.entries:
+                self.entries[revision_id] = (document, size)
+                self.bytes += size
+                while self.bytes > budget:
+                    _, (_, dropped) = self.entries.popitem(last=False)
+                    self.bytes -= dropped
+        return document
+
+    def clear(self) -> None:
+        with self.lock:
+            self.entries.clear()
+            self.bytes = 0
+
+    cache_clear = clear  # functools.lru_cache's name, which this replaced
+
+
+_NOT_HELD = (type, ModuleType, FunctionType, BuiltinFunctionType, MethodType, CodeType)
+
+
+def footprint(root: Any) -> int:
+    """The bytes `root` and what it refers to take (sys.getsizeof of each object once;
+    classes, modules and functions are shared, not held). About 0.8 to 1.0 of what
+    tracemalloc counts for a parsed document (the allocator's own overhead is not seen)."""
+    seen: set[int] = set()
+    stack = [root]
+    total = 0
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, _NOT_HELD):
+            continue
+        seen.add(id(obj))
+        total += sys.getsizeof(obj)
+        if not isinstance(obj, str | bytes | int | float):
+            stack.extend(gc.get_referents(obj))
+    return total
+
+
+parsed = ParsedCache()
 
 
 # Creating a run ------------------------------------------------------------------------------
@@ -115,13 +179,18 @@ def create_run(
     unbound: Mapping[str, str] | None = None,
     schedule: Any = None,
     scheduled_for: datetime | None = None,
+    parent_step: StepRun | None = None,
 ) -> WorkflowRun:
     """Start a run of `revision`, by default the workflow's newest.
 
-    With `strict` (the API), parameters it cannot start with raise ParameterError and
-    nothing is made. Without (a trigger's event), the run is made and fails at once, every
+    With `strict` (the API, a step), parameters it cannot start with raise ParameterError,
+    and an owner with RUN_MAX_IN_PROGRESS runs not complete raises OverBudget; nothing is
+    made. Without (a trigger's event, a schedule), the run is made and fails at once, every
     step `skipped`, with the reason in its message: the event's run is on record. So does
-    one with `unbound` parameters (name → why a trigger's binding gave it no value)."""
+    one with `unbound` parameters (name → why a trigger's binding gave it no value).
+
+    A run a step starts (`parent_step`) is one deeper than the step's run; past
+    RUN_MAX_DEPTH it raises OverBudget."""
     revision = revision or workflow.latest_revision()
     if revision is None:
         raise ValueError(f"workflow {workflow.pk} has no revision")
@@ -137,7 +206,23 @@ def create_run(
         problem = " ".join(
             [problem, *(f"The trigger's binding of {name!r} failed: {why}." for name, why in unbound.items())]
         ).strip()
+    depth = parent_step.run.depth + 1 if parent_step is not None else 0
+    if depth > settings.RUN_MAX_DEPTH:
+        raise OverBudget(
+            f"A run started by a step may be at most {settings.RUN_MAX_DEPTH} runs deep "
+            f"(RUN_MAX_DEPTH); this one would be {depth} deep.",
+            size=False,
+        )
     with transaction.atomic():
+        busy = runs_in_progress(workflow.owner_id, lock=True)
+        if busy >= settings.RUN_MAX_IN_PROGRESS:
+            why = (
+                f"its owner has the most runs in progress one owner may have, "
+                f"{settings.RUN_MAX_IN_PROGRESS} (RUN_MAX_IN_PROGRESS); start it again when some have ended."
+            )
+            if strict:
+                raise OverBudget(why[0].upper() + why[1:], size=False)
+            problem = f"Not started: {why} {problem}".strip()
         run = WorkflowRun.objects.create(
             workflow=workflow,
             revision=revision,
@@ -146,6 +231,8 @@ def create_run(
             schedule=schedule,
             scheduled_for=scheduled_for,
             created_by=created_by,
+            parent_step=parent_step,
+            depth=depth,
         )
         StepRun.objects.bulk_create(
             StepRun(
@@ -164,6 +251,17 @@ def create_run(
             _queue(tasks.start_run, run.pk)
     log.info("workflow run %s of %s created", run.pk, workflow.pk)
     return run
+
+
+def runs_in_progress(owner_id: Any, lock: bool = False) -> int:
+    """How many of the owner's runs are not complete. With `lock` (in a transaction), the
+    owner's row is locked first, so that runs made at once for one owner are counted one
+    after the other and never pass RUN_MAX_IN_PROGRESS together."""
+    if lock:
+        lock_owner(owner_id)
+    return WorkflowRun.objects.filter(
+        workflow__owner_id=owner_id, status__in=[RunStatus.INITIALIZING, RunStatus.IN_PROGRESS]
+    ).count()
 
 
 def start_run(run_id: str) -> None:
@@ -380,6 +478,8 @@ class _LeaseLost(Exception):
 
 
 def _record(step: StepRun, lease: Any, outcome: Outcome) -> bool:
+    if isinstance(outcome, Done) and outcome.system_error:
+        return step.end(lease, StepStatus.SYSTEM_ERROR, outcome.message)
     if isinstance(outcome, Done):
         return step.record_done(lease, outcome.success, dict(outcome.outputs), outcome.message)
     if isinstance(outcome, Wait):
@@ -684,11 +784,24 @@ def _context(step: StepRun, run: WorkflowRun, data: Data, lookups: _Lookups) -> 
 
 def _secret_values(data: Data) -> tuple[str, ...]:
     """What a step must not show: the secrets and connections its evaluation read (a
-    connection's URLs without credentials excepted: they are addresses, not secrets)."""
-    found = [value for value in data.secrets.values() if isinstance(value, str)]
+    connection's URLs without credentials excepted: they are addresses, not secrets), and
+    the strings of a secret that holds JSON (AWS keys, a service account's key), which the
+    step's spec may take apart (jsonUnmarshal) and the step print one by one."""
+    found = []
+    for value in data.secrets.values():
+        found += _strings(value) + _json_strings(value)
     for connection in data.connections.values():
         found += [value for value in _strings(connection) if not _plain_url(value)]
     return tuple(dict.fromkeys(found))
+
+
+def _json_strings(value: Any) -> list[str]:
+    if not isinstance(value, str) or not value.lstrip().startswith(("{", "[")):
+        return []
+    try:
+        return _strings(json.loads(value))
+    except (ValueError, RecursionError):
+        return []
 
 
 def _strings(value: Any) -> list[str]:

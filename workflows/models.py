@@ -8,6 +8,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import models, transaction
+from django.db.models.fields.json import KeyTransform
 from django.db.models.signals import post_delete
 from django.dispatch import receiver
 from django.utils import timezone
@@ -16,6 +17,7 @@ from django.views.decorators.debug import sensitive_variables
 from connections.models import name_validator
 from relay import vault
 from relay.tokens import PlainToken
+from scriptsteps.masking import MASK  # hidden outputs show as the log's mark for a secret
 from workflows.dialect import cron, validate, yamlload
 from workflows.dialect.problems import DocumentError, child_pointer
 from workflows.dialect.workflow import Trigger as ParsedTrigger
@@ -78,8 +80,47 @@ class Workflow(models.Model):
             last = self.revisions.aggregate(last=models.Max("number"))["last"] or 0
             revision = self.revisions.create(number=last + 1, source=source, created_by=user)
             revision.new_triggers = self.sync_token_triggers(document)
+            had = self.schedule_names()
             self.sync_schedules(document)
+            # Last, under the owner's row lock (taken after the rows above, as the engine
+            # takes it after a schedule's or an event's): two saves at once count in turn.
+            lock_owner(self.owner_id)
+            problems = self.owner_schedule_problems(self.owner_id, source, document, had)
+            if problems:
+                raise DocumentError(problems)
             return revision
+
+    def schedule_names(self) -> set[str]:
+        from triggers.models import Schedule
+
+        return set(Schedule.objects.filter(workflow_id=self.pk).values_list("name", flat=True))
+
+    def owner_schedule_problems(
+        self, owner_id: Any, source: str, document: ParsedWorkflow, had: set[str]
+    ) -> list[Any]:
+        """Whether saving `document` here leaves `owner_id` with more than SCHEDULES_PER_OWNER
+        schedule triggers across their workflows: the problem at the first schedule past
+        them, or none. `had`: the names of the workflow's schedules before. A document that
+        adds no schedule is never refused (an owner past a lowered budget may still save)."""
+        from triggers.models import Schedule
+
+        mine = [trigger for trigger in document.triggers if trigger.kind == "schedule"]
+        if all(trigger.name in had for trigger in mine):
+            return []
+        others = Schedule.objects.filter(workflow__owner_id=owner_id)
+        if self.pk:
+            others = others.exclude(workflow_id=self.pk)
+        most, elsewhere = settings.SCHEDULES_PER_OWNER, others.count()
+        room = max(most - elsewhere, 0)
+        if len(mine) <= room:
+            return []
+        return [
+            yamlload.load(source).problem(
+                mine[room].pointer,
+                f"An owner has at most {most} schedule triggers across their workflows "
+                f"(SCHEDULES_PER_OWNER); with this document there would be {elsewhere + len(mine)}.",
+            )
+        ]
 
     def hand_over(self, owner: Any) -> None:
         """Make `owner` the workflow's owner (a superuser's decision: workflows.permissions).
@@ -152,6 +193,18 @@ class Workflow(models.Model):
             )
 
 
+def lock_owner(owner_id: Any) -> None:
+    """Lock a user's row until the transaction ends: what counts an owner's budgets (their
+    schedules, their runs in progress) and adds to them does so one at a time. Take it after
+    any other row lock, so that no two transactions wait for each other."""
+    from django.contrib.auth import get_user_model
+
+    # FOR NO KEY UPDATE: lockers wait for each other, while rows that refer to the user (a
+    # run's created_by, a trigger's owner) are still checked without waiting for it.
+    users = get_user_model().objects.select_for_update(no_key=True)
+    list(users.filter(pk=owner_id).values_list("pk", flat=True))
+
+
 def _image(spec: "ParsedTrigger") -> str:
     return spec.container.image if spec.container is not None else ""
 
@@ -211,7 +264,7 @@ class WorkflowRevision(models.Model):
 
     def parsed(self) -> ParsedWorkflow:
         """The document as the engine uses it (it was valid when saved)."""
-        return validate.parse(self.source)
+        return validate.parse(self.source, stored=True)
 
 
 # Runs -----------------------------------------------------------------------------------------
@@ -266,6 +319,15 @@ class Conflict(Exception):
     """The request does not fit the run's or step's current state; the message says why."""
 
 
+class OverBudget(Exception):
+    """More than a budget allows (README "Budgets"); the message says which and how much.
+    `size`: a budget of bytes (a 413 for the API), else of a count (a 429)."""
+
+    def __init__(self, message: str, size: bool) -> None:
+        super().__init__(message)
+        self.size = size
+
+
 class WorkflowRun(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="runs")
@@ -292,6 +354,13 @@ class WorkflowRun(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
+    # A run a step started (the step runtime's POST /workflows/{name}/run): that step, and
+    # how deep the run is in such a chain (0: started by a user, a trigger or a schedule),
+    # bounded by RUN_MAX_DEPTH.
+    parent_step = models.ForeignKey(
+        "StepRun", null=True, blank=True, on_delete=models.SET_NULL, related_name="started_runs"
+    )
+    depth = models.PositiveSmallIntegerField(default=0)
 
     class Meta:
         ordering = ["-created_at"]
@@ -379,6 +448,37 @@ class JSONMerge(models.Func):
         return f"json_set(COALESCE({column}, '{{}}'), {', '.join(pairs)})", [*params, *values]
 
 
+class JSONDefault(JSONMerge):
+    """`column` with `values`' keys set where it has none yet (kept where it has): the merge
+    the other way round, in the database too."""
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        column, params = compiler.compile(self.source_expressions[0])
+        return f"(%s::jsonb || COALESCE({column}, '{{}}'::jsonb))", [json.dumps(self.values), *params]
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        column, params = compiler.compile(self.source_expressions[0])
+        # RFC 7396: the column's keys patched over the defaults.
+        return f"json_patch(json(%s), COALESCE({column}, '{{}}'))", [json.dumps(self.values), *params]
+
+
+class JSONBytes(models.Func):
+    """The size in bytes of a JSON value, computed by the database, for budgets checked in
+    the UPDATE that spends them. PostgreSQL: the jsonb value's own size, uncompressed (about
+    its JSON text's: a string's bytes plus a 4-byte header where the text has 2 quotes), as
+    rendering it as text would cost three times as much on a large value; SQLite: its text."""
+
+    output_field = models.BigIntegerField()
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        sql, params = compiler.compile(self.source_expressions[0])
+        return f"pg_column_size({sql})", list(params)
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        sql, params = compiler.compile(self.source_expressions[0])
+        return f"length(CAST({sql} AS BLOB))", list(params)
+
+
 class StepKind(models.TextChoices):
     CONTAINER = "container"
     APPROVAL = "approval"
@@ -424,6 +524,11 @@ class StepRun(models.Model):
     decided_at = models.DateTimeField(null=True, blank=True)
     # UI decorators the step set through the step runtime API: name -> {"type": "link", …}.
     decorators = models.JSONField(default=dict, blank=True)
+    # relay-core's output metadata, name -> {"sensitive": bool}: what PUT /outputs/{name}/metadata
+    # said, and an entry for each output the step set itself through the step runtime API
+    # (which it may still mark sensitive while it runs). On the step, not on its credential,
+    # so that whatever shows outputs masks them from the same row.
+    output_metadata = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["run_id", "index"]
@@ -569,20 +674,95 @@ class StepRun(models.Model):
     # in the database (JSONMerge) and only while the step is in progress.
 
     def put_output(self, name: str, value: Any) -> bool:
-        """Set one output while the step runs; False when it has ended."""
+        """Set one output while the step runs; False when it has ended. Its metadata entry
+        says it came from the step (not sensitive unless the step said so, before or after).
+        Raises OverBudget when the step's outputs together would be larger than
+        STEP_OUTPUTS_MAX_BYTES."""
+        return self._merge_within(
+            "outputs",
+            name,
+            value,
+            settings.STEP_OUTPUTS_MAX_BYTES,
+            output_metadata=JSONDefault("output_metadata", {name: {"sensitive": False}}),
+        )
+
+    def put_output_metadata(self, name: str, metadata: dict[str, Any]) -> bool:
+        """PUT /outputs/{name}/metadata, before or after the value; False when the step has
+        ended (its outputs and what they are are final then)."""
         return bool(
             StepRun.objects.filter(pk=self.pk, status=StepStatus.IN_PROGRESS).update(
-                outputs=JSONMerge("outputs", {name: value})
+                output_metadata=JSONMerge("output_metadata", {name: metadata})
             )
         )
 
+    def output_is_sensitive(self, name: str) -> bool:
+        return bool((self.output_metadata or {}).get(name, {}).get("sensitive"))
+
+    def hidden_outputs(self) -> set[str]:
+        """The outputs shown masked to people (the API, the admin, approvers): the sensitive
+        ones, and while the step runs every one it set itself. relay-core's clients may mark
+        an output sensitive after setting it (relay_sdk's raw PUTs); until the step has
+        ended, and its metadata with it, nobody sees a value it might still hide."""
+        metadata = self.output_metadata or {}
+        running = self.status == StepStatus.IN_PROGRESS
+        return {
+            name
+            for name in (self.outputs or {})
+            if name in metadata and (running or self.output_is_sensitive(name))
+        }
+
+    @classmethod
+    def sensitive_values(cls, run_id: Any, seen: dict[Any, Any] | None = None) -> list[Any]:
+        """The values of the run's sensitive outputs as they are now: what its steps can
+        read (GET /outputs/{step}/{name}, `!Output`) and their logs must mask. `seen`, kept
+        between calls: each step's status and metadata when last read, so that an ended
+        step's values are read once. Only those keys are read (outputs can be large)."""
+        seen = {} if seen is None else seen
+        values = []
+        steps = cls.objects.filter(run_id=run_id).exclude(output_metadata={})
+        for pk, status, metadata in steps.values_list("pk", "status", "output_metadata"):
+            if seen.get(pk) == (status, metadata) and status != StepStatus.IN_PROGRESS:
+                continue
+            seen[pk] = (status, metadata)
+            names = [
+                name for name, about in metadata.items() if isinstance(about, dict) and about.get("sensitive")
+            ]
+            if names:
+                keys = {f"v{i}": KeyTransform(name, "outputs") for i, name in enumerate(names)}
+                row = cls.objects.filter(pk=pk).values(**keys).first() or {}
+                values += [value for value in row.values() if value is not None]
+        return values
+
+    @property
+    def shown_outputs(self) -> dict[str, Any]:
+        """The outputs as people see them, hidden ones as MASK. Steps of the run read them
+        whole (GET /outputs/{step}/{name}, their spec's `!Output`)."""
+        hidden = self.hidden_outputs()
+        return {name: MASK if name in hidden else value for name, value in (self.outputs or {}).items()}
+
     def put_decorator(self, name: str, value: dict[str, Any]) -> bool:
         """Set one UI decorator (`{"type": "link", …}`) while the step runs; False when it
-        has ended."""
-        return bool(
-            StepRun.objects.filter(pk=self.pk, status=StepStatus.IN_PROGRESS).update(
-                decorators=JSONMerge("decorators", {name: value})
-            )
+        has ended. Raises OverBudget past STEP_DECORATORS_MAX_BYTES, as put_output."""
+        return self._merge_within("decorators", name, value, settings.STEP_DECORATORS_MAX_BYTES)
+
+    def _merge_within(self, column: str, name: str, value: Any, budget: int, **also: Any) -> bool:
+        # The size is checked in the UPDATE's WHERE, on the merged value: PostgreSQL checks
+        # it again on the row a concurrent writer left (READ COMMITTED re-evaluates the
+        # WHERE after the row lock), so two PUTs at once can never both fit past the budget.
+        merged = JSONMerge(column, {name: value})
+        if StepRun.objects.filter(
+            models.lookups.LessThanOrEqual(JSONBytes(merged), budget),
+            pk=self.pk,
+            status=StepStatus.IN_PROGRESS,
+        ).update(**{column: merged}, **also):
+            return True
+        if not StepRun.objects.filter(pk=self.pk, status=StepStatus.IN_PROGRESS).exists():
+            return False
+        setting = {"outputs": "STEP_OUTPUTS_MAX_BYTES", "decorators": "STEP_DECORATORS_MAX_BYTES"}[column]
+        raise OverBudget(
+            f"The step's {column} together would be larger than {budget} bytes as stored "
+            f"({setting}); {name!r} was not set.",
+            size=True,
         )
 
     def take_wake(self) -> bool:

@@ -24,7 +24,7 @@ from django.contrib.auth.base_user import AbstractBaseUser
 from django.contrib.auth.models import AnonymousUser
 from django.db.models import QuerySet
 
-from relay.api.permissions import may_for_all
+from relay.api.permissions import is_superuser, may_for_all
 from workflows.models import StepRun, Workflow, WorkflowRun
 
 User = AbstractBaseUser | AnonymousUser
@@ -38,11 +38,6 @@ class Action(StrEnum):
     CANCEL = "cancel"
     DELETE = "delete"
     APPROVE = "approve"
-
-
-def is_superuser(user: User) -> bool:
-    # As for any other permission, the admin's rule: nothing without staff status.
-    return bool(user.is_active and user.is_staff and user.is_superuser)
 
 
 def may(user: User, action: Action, workflow: Workflow) -> bool:

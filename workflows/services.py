@@ -16,7 +16,10 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
+from django.db.models import F, Window
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from triggers.models import Event, Schedule, WorkflowStart
@@ -84,17 +87,34 @@ def _trigger_spec(revision: Any, kind: str, name: str) -> TriggerSpec | None:
 
 # Schedule triggers ------------------------------------------------------------------------------
 
-# A tick starts at most this many; the rest are due still, and the next tick takes them.
-SCHEDULES_PER_TICK = 200
-
 
 def start_due_schedules(now: datetime | None = None) -> int:
-    """Start a run for each schedule trigger that is due (an index on next_due finds them;
-    nothing else is read); returns how many started. Safe to run from any number of beats
-    and workers at once: each slot is taken once (start_scheduled_run)."""
+    """Start a run for each schedule trigger that is due, in the order due_in_turn gives;
+    returns how many started. Safe to run from any number of beats and workers at once: each
+    slot is taken once (start_scheduled_run)."""
     now = now or timezone.now()
-    due = Schedule.objects.filter(next_due__lte=now).order_by("next_due").values_list("pk", flat=True)
-    return sum(start_scheduled_run(pk, now) is not None for pk in due[:SCHEDULES_PER_TICK])
+    return sum(start_scheduled_run(pk, now) is not None for pk in due_in_turn(now))
+
+
+def due_in_turn(now: datetime) -> list[Any]:
+    """The due schedules one tick takes (an index on next_due finds them; nothing else is
+    read), fair between owners: owners take turns, each turn every owner's longest-waiting
+    schedule, the longest-waiting first, at most SCHEDULES_PER_OWNER_PER_TICK turns and
+    SCHEDULES_PER_TICK schedules in all. The rest are due still, and later ticks take them:
+    one owner's thousand schedules due at once wait for each other, not everyone else."""
+    due = Schedule.objects.filter(next_due__lte=now)
+    if not due.exists():
+        return []  # most ticks: one look at the index, not the turns' query (0.3 against 8 ms)
+    turn = Window(
+        RowNumber(), partition_by=[F("workflow__owner_id")], order_by=[F("next_due").asc(), F("id").asc()]
+    )
+    due = (
+        due.annotate(turn=turn)
+        .filter(turn__lte=settings.SCHEDULES_PER_OWNER_PER_TICK)
+        .order_by("turn", "next_due", "id")
+        .values_list("pk", flat=True)
+    )
+    return list(due[: settings.SCHEDULES_PER_TICK])
 
 
 def start_scheduled_run(schedule_id: Any, now: datetime) -> WorkflowRun | None:

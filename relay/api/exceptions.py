@@ -26,3 +26,11 @@ class Conflict(exceptions.APIException):
     status_code = status.HTTP_409_CONFLICT
     default_detail = "The request conflicts with the resource's current state."
     default_code = "conflict"
+
+
+class TooManyRequests(exceptions.APIException):
+    """A budget counted in requests or things (events, runs in progress) is spent."""
+
+    status_code = status.HTTP_429_TOO_MANY_REQUESTS
+    default_detail = "This budget is spent."
+    default_code = "too_many_requests"

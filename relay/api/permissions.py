@@ -5,7 +5,10 @@ Machine endpoints: the request carries a connection's or a trigger's token.
 User endpoints grant no more than the admin does: a user may do anything to what they own;
 anyone else's rows need what the admin would need, staff status and the model's Django
 permission (`view`, or `change`, which implies view as in the admin; `change` also to
-regenerate a token; `delete`). Superusers hold every permission.
+regenerate a token; `delete`). Superusers hold every permission. Where a row is a credential
+that runs as its owner, its own rule narrows this: connections (connections.permissions) and
+workflows with their triggers (workflows.permissions) are changed by their owner or a
+superuser only.
 """
 
 from django.contrib.auth import get_permission_codename
@@ -36,6 +39,11 @@ class IsTrigger(_HoldsToken):
     """The request carries a valid push-trigger token (see TriggerTokenAuthentication)."""
 
     prefix = "rlyt"
+
+
+def is_superuser(user: AbstractBaseUser | AnonymousUser) -> bool:
+    # As for any other permission, the admin's rule: nothing without staff status.
+    return bool(user.is_active and user.is_staff and user.is_superuser)
 
 
 def may_for_all(user: AbstractBaseUser | AnonymousUser, action: str, model: type[Model]) -> bool:

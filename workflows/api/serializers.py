@@ -177,6 +177,12 @@ class WorkflowRunCreateSerializer(RejectUnknownFields, serializers.Serializer):
 
 class StepRunSerializer(serializers.ModelSerializer):
     decided_by = serializers.CharField(source="decided_by.get_username", read_only=True, default=None)
+    outputs = serializers.JSONField(
+        source="shown_outputs",
+        read_only=True,
+        help_text='Name → value; a sensitive output (`ni output set --sensitive`) shows as "***", '
+        "and so does every output a script step set itself until that step has ended.",
+    )
 
     class Meta:
         model = StepRun
@@ -194,6 +200,14 @@ class StepRunSerializer(serializers.ModelSerializer):
             "decided_by",
             "decided_at",
         ]
+
+
+class StepRunSummarySerializer(StepRunSerializer):
+    """A step in a list of runs: without its outputs and decorators, which a step may make
+    megabytes of (STEP_OUTPUTS_MAX_BYTES); the run's own page has them."""
+
+    class Meta(StepRunSerializer.Meta):
+        fields = [f for f in StepRunSerializer.Meta.fields if f not in ("outputs", "decorators")]
 
 
 class WorkflowRunSerializer(serializers.ModelSerializer):
@@ -228,8 +242,15 @@ class WorkflowRunSerializer(serializers.ModelSerializer):
             "started_at",
             "ended_at",
             "cancel_requested",
+            "depth",
             "steps",
         ]
+
+
+class WorkflowRunSummarySerializer(WorkflowRunSerializer):
+    """A run in a list: its steps without their outputs (WorkflowRunSerializer has them)."""
+
+    steps = StepRunSummarySerializer(many=True, read_only=True)
 
 
 class SecretSerializer(RejectUnknownFields, serializers.Serializer):

@@ -16,7 +16,7 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
-from django.db.models import QuerySet
+from django.db.models import Prefetch, QuerySet
 from drf_spectacular.utils import (
     OpenApiExample,
     OpenApiParameter,
@@ -32,6 +32,7 @@ from rest_framework.views import APIView
 
 from connections.models import name_validator
 from relay.api.exceptions import Conflict as ConflictError
+from relay.api.exceptions import TooManyRequests
 from relay.api.params import query_int, query_text
 from relay.api.problems import PROBLEM_CONTENT_TYPE, problem
 from relay.api.views import NO_STORE
@@ -45,6 +46,7 @@ from workflows.api.serializers import (
     WorkflowCreateSerializer,
     WorkflowRunCreateSerializer,
     WorkflowRunSerializer,
+    WorkflowRunSummarySerializer,
     WorkflowSerializer,
     WorkflowUpdateSerializer,
 )
@@ -52,6 +54,7 @@ from workflows.dialect.problems import DocumentError, Problem
 from workflows.dialect.validate import validate
 from workflows.models import (
     Conflict,
+    OverBudget,
     RunStatus,
     StepRun,
     Workflow,
@@ -279,12 +282,13 @@ class WorkflowViewSet(viewsets.GenericViewSet):
 
     @extend_schema(
         request=WorkflowRunCreateSerializer,
-        responses={201: WorkflowRunSerializer, 400: PROBLEM},
+        responses={201: WorkflowRunSerializer, 400: PROBLEM, 429: PROBLEM},
         parameters=[OWNER_PARAMETER],
     )
     def runs(self, request: Request, name: str) -> Response:
         """Start a run of the newest revision. A required parameter without a value, or one
-        the workflow does not declare, is a 400 pointing at `#/parameters/<name>`."""
+        the workflow does not declare, is a 400 pointing at `#/parameters/<name>`; a 429 when
+        the workflow's owner has RUN_MAX_IN_PROGRESS runs not complete."""
         workflow = self.get_object()
         _require(request.user, Action.RUN, workflow, "start its runs")
         fields = WorkflowRunCreateSerializer(data=request.data)
@@ -301,6 +305,8 @@ class WorkflowViewSet(viewsets.GenericViewSet):
                 for name in exc.unknown
             }
             raise exceptions.ValidationError({"parameters": errors}) from None
+        except OverBudget as exc:
+            raise TooManyRequests(str(exc), code="runs_in_progress_exceeded") from None
         return Response(WorkflowRunSerializer(_run(run.pk)).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=SecretSerializer, responses={204: None}, parameters=[OWNER_PARAMETER])
@@ -357,24 +363,30 @@ def _run(run_id: Any) -> WorkflowRun:
 
 @extend_schema_view(
     list=extend_schema(
+        responses=WorkflowRunSummarySerializer(many=True),
         parameters=[
             OpenApiParameter("workflow", str, description="A workflow's name."),
             OpenApiParameter("status", enum=[s.value for s in RunStatus]),
             OpenApiParameter("owner", str, description="The workflow owner's username."),
-        ]
+        ],
     ),
 )
 class WorkflowRunViewSet(viewsets.GenericViewSet):
-    """Runs, newest first: their status and outcome (RFC 0005), parameters and steps."""
+    """Runs, newest first: their status and outcome (RFC 0005), parameters and steps. The
+    list leaves the steps' outputs and decorators to each run's own page."""
 
     queryset = WorkflowRun.objects.none()  # the model, for the schema; get_queryset() scopes
     serializer_class = WorkflowRunSerializer
     lookup_value_converter = "uuid"
 
     def get_queryset(self) -> QuerySet[WorkflowRun]:
+        steps = StepRun.objects.select_related("decided_by")
+        if self.action == "list":
+            # Not even read: a step's outputs may be megabytes (STEP_OUTPUTS_MAX_BYTES).
+            steps = steps.defer("outputs", "decorators", "state")
         runs = WorkflowRun.objects.select_related(
             "workflow__owner", "revision", "created_by"
-        ).prefetch_related("steps__decided_by")
+        ).prefetch_related(Prefetch("steps", queryset=steps))
         return runs_for(self.request.user, runs)
 
     def list(self, request: Request) -> Response:
@@ -388,7 +400,7 @@ class WorkflowRunViewSet(viewsets.GenericViewSet):
                 raise exceptions.ValidationError({"status": [f"One of {', '.join(RunStatus.values)}."]})
             runs = runs.filter(status=wanted)
         page = self.paginate_queryset(runs)
-        return self.get_paginated_response(WorkflowRunSerializer(page, many=True).data)
+        return self.get_paginated_response(WorkflowRunSummarySerializer(page, many=True).data)
 
     def retrieve(self, request: Request, pk: str) -> Response:
         return Response(WorkflowRunSerializer(self.get_object()).data)

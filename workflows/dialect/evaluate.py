@@ -4,6 +4,10 @@
 outputs, event data, answers and step statuses; `{"$fn.name": args}` maps call a function;
 `{"$encoding": "base64", "data": ...}` decodes; every string is a template. What is not
 there yet stays in place and is listed in the result's `unresolvable`.
+
+Only the document is evaluated: a value that arrives as data (a parameter, an output, event
+data, a secret's or connection's value, what a function returns) is never read as an
+expression again, by this evaluator, a function or a query.
 """
 
 import base64
@@ -18,6 +22,7 @@ from workflows.dialect.fnlib import LIBRARY, ArgumentError, Descriptor
 from workflows.dialect.model import (
     DEFAULT_EVALUATOR,
     Context,
+    Evaluated,
     Evaluator,
     Expandable,
     Indexable,
@@ -175,7 +180,7 @@ class WorkflowEvaluator(Evaluator):
         self.data = data or Data()
         self.functions = LIBRARY if functions is None else functions
         self.environment = _Environment(self.data)
-        self.template_options = Options(evaluator=DEFAULT_EVALUATOR, functions=self.functions)
+        self.template_options = Options(functions=self.functions)
         self._templates: dict[str, Template] = {}
 
     def template(self, text: str) -> Template:
@@ -203,6 +208,11 @@ class WorkflowEvaluator(Evaluator):
         if not result.complete:
             return Result(text, result.unresolvable)
         return result
+
+    def is_plain_map(self, mapping: dict[str, Any]) -> bool:
+        if "$type" in mapping or "$encoding" in mapping:
+            return False
+        return not (len(mapping) == 1 and next(iter(mapping)).startswith("$fn."))
 
     def visit_map(self, ctx: Context, mapping: dict[str, Any], depth: int) -> Result:
         if "$type" in mapping:
@@ -235,7 +245,7 @@ class WorkflowEvaluator(Evaluator):
             if data.event is MISSING:
                 return missing(data={("",)})
             try:
-                result = evaluate_query(ctx, DEFAULT_EVALUATOR, Options(), data.event, query)
+                result = evaluate_query(ctx, data.event, query)
             except EvaluationError as exc:
                 raise EvaluationError(f'could not evaluate a Data type: query "{query}": {exc}') from None
             if not result.complete:
@@ -302,14 +312,25 @@ class WorkflowEvaluator(Evaluator):
         try:
             # One level decides between positional (a list) and keyword (a map) arguments.
             top = self.evaluate(ctx, value, 1)
+            args = top.value
+            written = isinstance(value, list) or (isinstance(value, dict) and self.is_plain_map(value))
+            if top.complete and not written:
+                # The arguments are what a reference, template or call yielded: data, which
+                # the function must not evaluate as the document's own lists and maps.
+                if isinstance(args, list):
+                    args = [Evaluated(item) for item in args]
+                elif isinstance(args, dict):
+                    args = {k: Evaluated(v) for k, v in args.items()}
+                else:
+                    args = Evaluated(args)
             if not top.complete:
                 invoker = descriptor.positional(self, [value])
-            elif isinstance(top.value, list):
-                invoker = descriptor.positional(self, top.value)
-            elif isinstance(top.value, dict):
-                invoker = descriptor.keyword(self, top.value)
+            elif isinstance(args, list):
+                invoker = descriptor.positional(self, args)
+            elif isinstance(args, dict):
+                invoker = descriptor.keyword(self, args)
             else:
-                invoker = descriptor.positional(self, [top.value])
+                invoker = descriptor.positional(self, [args])
         except ArgumentError as exc:
             return Result(im, Unresolvable(invocations={(name, str(exc))}))
         try:

@@ -18,6 +18,7 @@ import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from workflows.dialect.errors import (
@@ -434,10 +435,13 @@ def _regex_match(pattern: str, text: str) -> bool:
 
 @dataclass
 class Options:
-    """What a language instance knows: the evaluator used while indexing and the functions
-    (none in path() and !Data queries, as in relay-core)."""
+    """What a language instance knows: its functions (none in path() and !Data queries, as
+    in relay-core).
 
-    evaluator: Evaluator = DEFAULT_EVALUATOR
+    An expression walks values with DEFAULT_EVALUATOR alone: what it reaches (a parameter, an
+    output, event data, a settled spec) is data, and a string there is text, never a template
+    (evaluated again, `${secrets.x}` in a webhook's body would read a secret)."""
+
     functions: dict[str, "Descriptor"] = field(default_factory=dict)
 
 
@@ -471,7 +475,7 @@ class Var(Node):
         return iter(self.keys)
 
     def eval(self, ctx: Context, parameter: Any) -> Any:
-        evaluator = self.options.evaluator
+        evaluator = DEFAULT_EVALUATOR
         value = parameter
         parents: list[Any] = []
         try:
@@ -515,10 +519,10 @@ class Call(Node):
         try:
             if isinstance(self.args, dict):
                 keyword = {k: EvalExpandable(v, parameter) for k, v in self.args.items()}
-                invoker = descriptor.keyword(self.options.evaluator, keyword)
+                invoker = descriptor.keyword(DEFAULT_EVALUATOR, keyword)
             else:
                 positional = [EvalExpandable(v, parameter) for v in self.args]
-                invoker = descriptor.positional(self.options.evaluator, positional)
+                invoker = descriptor.positional(DEFAULT_EVALUATOR, positional)
         except ArgumentError as exc:
             return unresolved(invocations={(self.name, str(exc))})
         try:
@@ -990,10 +994,19 @@ def parse_template(text: str, options: Options) -> Template:
     return Template(text, parts)
 
 
-def evaluate_query(ctx: Context, evaluator: Evaluator, options: Options, tree: Any, query: str) -> Result:
-    """relay-core's query.EvaluateQuery with the path language: `query` against `tree`."""
+@lru_cache(maxsize=256)
+def _query_node(query: str) -> Node:
+    """A query parsed once per process: a step asks the same few (relay_sdk's `get(D.x)`, a
+    trigger's `!Data host`) again and again, and parsing was most of a query's time."""
+    return parse_expression(query, Options())
+
+
+def evaluate_query(ctx: Context, tree: Any, query: str) -> Result:
+    """relay-core's query.EvaluateQuery with the path language: `query` against `tree`, a
+    value (event data, or a tree an evaluator settled: Evaluator.settle), read as data."""
+    evaluator = DEFAULT_EVALUATOR
     try:
-        node = parse_expression(query, options)
+        node = _query_node(query) if len(query) <= 1024 else parse_expression(query, Options())
     except ExpressionError as exc:
         raise EvaluationError(f"parsing error: {query}: {exc}") from None
     unresolvable = Unresolvable()

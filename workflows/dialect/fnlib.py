@@ -397,7 +397,9 @@ def _path(
         query.error = unexpected_type(text, "string")
         return None
     try:
-        found = expr.evaluate_query(ctx, evaluator, expr.Options(evaluator=evaluator), obj.value, text)
+        # The object is evaluated once and the query reads the value it yields as data (a
+        # string in a parameter is text, not a template to evaluate again).
+        found = expr.evaluate_query(ctx, evaluator.settle(ctx, obj.value), text)
     except EvaluationError as exc:
         obj.error = exc
         if not is_not_found(exc):

@@ -43,11 +43,22 @@ class Unresolvable:
     invocations: set[tuple[str, str]] = field(default_factory=set)
 
     def extend(self, other: "Unresolvable") -> None:
-        for kind in UNRESOLVABLE_KINDS:
-            getattr(self, kind).update(getattr(other, kind))
+        if other:  # most often empty: every value of an evaluation extends its parent's
+            for kind in UNRESOLVABLE_KINDS:
+                getattr(self, kind).update(getattr(other, kind))
 
     def __bool__(self) -> bool:
-        return any(getattr(self, kind) for kind in UNRESOLVABLE_KINDS)
+        # Asked of every value evaluated (Result.complete): spelt out, not a loop.
+        return bool(
+            self.data
+            or self.secrets
+            or self.connections
+            or self.outputs
+            or self.parameters
+            or self.answers
+            or self.statuses
+            or self.invocations
+        )
 
     def as_dict(self) -> dict[str, list[dict[str, str]]]:
         """The JSON form of relay-core's metadata API (names sorted), kinds with nothing left out."""
@@ -175,8 +186,51 @@ class Evaluator:
     def visit_string(self, ctx: Context, text: str, depth: int) -> Result:
         return Result(text)
 
+    def is_plain_map(self, mapping: dict[str, Any]) -> bool:
+        """Whether a map of the document is a map of values (not a reference, call, ...)."""
+        return True
+
+    def settle(self, ctx: Context, tree: Any) -> Any:
+        """`tree` evaluated once, as a value to query: what each part yields is data, which a
+        query (run with DEFAULT_EVALUATOR) reads as it is, never as an expression. A part that
+        cannot be resolved yet stays in place with what it lacks, and a part that fails keeps
+        its error, both for the query to meet only if it goes through them (as relay-core's
+        lazy evaluation of a query over a spec would)."""
+        if isinstance(tree, list):
+            return [self.settle(ctx, item) for item in tree]
+        if isinstance(tree, dict) and self.is_plain_map(tree):
+            return {key: self.settle(ctx, item) for key, item in tree.items()}
+        try:
+            result = self.evaluate(ctx, tree, -1)
+        except EvaluationError as exc:
+            return Failed(exc)
+        if not result.complete:
+            return StaticExpandable(result.value, result.unresolvable)
+        return result.value
+
 
 DEFAULT_EVALUATOR = Evaluator()
+
+
+class Evaluated(Expandable):
+    """A value some evaluation yielded (a parameter, an output, a function's result) handed
+    on to be evaluated again: it is data, and yields itself whichever evaluator meets it."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def expand(self, ctx: Context, depth: int) -> Result:
+        return Result(self.value)
+
+
+class Failed(Expandable):
+    """A settled part whose evaluation failed: the error is raised when a walk reaches it."""
+
+    def __init__(self, error: EvaluationError) -> None:
+        self.error = error
+
+    def expand(self, ctx: Context, depth: int) -> Result:
+        raise self.error
 
 
 def evaluate_all(ctx: Context, evaluator: Evaluator, tree: Any) -> Result:

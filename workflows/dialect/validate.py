@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from django.conf import settings
 from jsonschema import Draft7Validator, FormatChecker, ValidationError
 
-from workflows.dialect import cron, expr
+from workflows.dialect import cron, expr, imageref
 from workflows.dialect.errors import EvaluationError, ExpressionError, PathError
 from workflows.dialect.evaluate import TEMPLATE_NAMES, Data, WorkflowEvaluator
 from workflows.dialect.fnlib import LIBRARY, ArgumentError
@@ -67,8 +68,10 @@ class Validation:
         return not self.problems
 
 
-def validate(text: str) -> Validation:
-    """The workflow, or the problems that make the document invalid (with their places)."""
+def validate(text: str, *, stored: bool = False) -> Validation:
+    """The workflow, or the problems that make the document invalid (with their places).
+    `stored`: a revision saved before (the engine reads those), whose budgets (schedule
+    triggers per workflow) are not checked again, so that lowering one stops no run."""
     try:
         document = load(text)
     except DocumentError as exc:
@@ -76,12 +79,12 @@ def validate(text: str) -> Validation:
     problems = schema_problems(document)
     if problems:
         return Validation(None, problems)
-    return _Checker(document).run()
+    return _Checker(document, budgets=not stored).run()
 
 
-def parse(text: str) -> Workflow:
-    """The workflow of a valid document; DocumentError otherwise."""
-    result = validate(text)
+def parse(text: str, *, stored: bool = False) -> Workflow:
+    """The workflow of a valid document; DocumentError otherwise (`stored`: as validate's)."""
+    result = validate(text, stored=stored)
     if result.workflow is None:
         raise DocumentError(result.problems)
     return result.workflow
@@ -209,8 +212,9 @@ _TRIGGER_EXPRESSIONS = ("when", "binding")
 
 
 class _Checker:
-    def __init__(self, document: Document) -> None:
+    def __init__(self, document: Document, budgets: bool = True) -> None:
         self.document = document
+        self.budgets = budgets
         self.raw: dict[str, Any] = document.raw
         self.tree: dict[str, Any] = document.tree
         self.problems: list[Problem] = []
@@ -245,6 +249,8 @@ class _Checker:
         ]
         self.check_unique("steps", "step")
         self.check_unique("triggers", "trigger")
+        if self.budgets:
+            self.check_schedule_count(triggers)
         self.check_cycles(steps)
         if self.problems:
             return Validation(None, self.problems, self.warnings)
@@ -332,6 +338,7 @@ class _Checker:
         container = None
         kind = "approval" if raw_step.get("type") == "approval" else "container"
         if kind == "container":
+            self.check_image(raw_step, pointer)
             container = _container(raw_step)
         return Step(
             name=name,
@@ -375,6 +382,8 @@ class _Checker:
                 where = child_pointer(child_pointer(pointer, "source"), key)
                 self.check_expressions(source[key], where, found, in_trigger=True)
         kind = source["type"]
+        if kind == "webhook":
+            self.check_image(source, child_pointer(pointer, "source"))
         if kind == "schedule":
             try:
                 cron.parse(source["schedule"])
@@ -390,6 +399,27 @@ class _Checker:
             binding_key=deepcopy(binding.get("key")),
             when=deepcopy(raw_trigger.get("when")),
         )
+
+    def check_schedule_count(self, triggers: list[Trigger]) -> None:
+        """At most SCHEDULES_PER_WORKFLOW schedule triggers (each starts runs on its own):
+        the first one past it is the error."""
+        most = settings.SCHEDULES_PER_WORKFLOW
+        schedules = [trigger for trigger in triggers if trigger.kind == "schedule"]
+        if len(schedules) > most:
+            self.error(
+                schedules[most].pointer,
+                f"A workflow has at most {most} schedule triggers (SCHEDULES_PER_WORKFLOW); "
+                f"this one is number {most + 1} of {len(schedules)}.",
+            )
+
+    def check_image(self, raw: dict[str, Any], pointer: str) -> None:
+        # The container runtime's command line takes it (scriptsteps/container.py): a
+        # reference or nothing, never text that could read as an option.
+        image = raw.get("image")
+        if isinstance(image, str):
+            problem = imageref.problem_with(image)
+            if problem:
+                self.error(child_pointer(pointer, "image"), problem)
 
     def check_cycles(self, steps: list[Step]) -> None:
         after = {step.name: step.after for step in steps}

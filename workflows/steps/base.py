@@ -21,11 +21,14 @@ from typing import Any, Protocol
 
 @dataclass(frozen=True)
 class Done:
-    """The step ended: `success` or `failure`, with its outputs and a message for people."""
+    """The step ended: `success` or `failure`, with its outputs and a message for people;
+    or, with `system_error`, `system-error`: the machine could not run it (not the step's
+    doing), which stops its run."""
 
     success: bool
     outputs: Mapping[str, Any] = field(default_factory=dict)
     message: str = ""
+    system_error: bool = False
 
 
 @dataclass(frozen=True)
