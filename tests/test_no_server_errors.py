@@ -82,9 +82,8 @@ def test_the_step_runtime_api_refuses_what_it_cannot_keep_with_422_and_stores_no
     assert problem["type"] == "urn:relay:problem:malformed_request_error"
     assert detail in problem["detail"], problem["detail"]
     step = StepRun.objects.get(pk=held.step.pk)
-    credential = StepCredential.objects.get(step_run=step)
-    assert (step.outputs, step.decorators) == ({}, {})
-    assert not credential.output_metadata and not credential.reported_status
+    assert (step.outputs, step.decorators, step.output_metadata) == ({}, {}, {})
+    assert StepCredential.objects.get(step_run=step).reported_status is None
     assert not EmittedEvent.objects.exists()
     assert WorkflowRun.objects.count() == 1  # no run started
 
