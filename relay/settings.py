@@ -422,6 +422,16 @@ STEP_RUNTIME_URL = env.str(
     "STEP_RUNTIME_URL", default=f"http://127.0.0.1:{env.int('PORT', default=8000)}"
 ).rstrip("/")
 WORKFLOW_NOOP_STEPS = env.bool("WORKFLOW_NOOP_STEPS", default=False)
+# What one evaluation of an expression (a step's spec, env or `when`, a trigger's `when` or
+# binding, a /spec query) may spend (workflows/dialect/budget.py): steps (nodes, calls, items
+# walked), characters built in all, and the longest value. Over it, the evaluation fails:
+# a 400 at validate/save, a step that fails, a 422 from the step runtime API. The dry runs
+# of one document's constant expressions share EXPRESSION_VALIDATE_MAX_*.
+EXPRESSION_MAX_STEPS = env.int("EXPRESSION_MAX_STEPS", default=500_000)
+EXPRESSION_MAX_CHARS = env.int("EXPRESSION_MAX_CHARS", default=64 * 1024 * 1024)
+EXPRESSION_MAX_VALUE_CHARS = env.int("EXPRESSION_MAX_VALUE_CHARS", default=4 * 1024 * 1024)
+EXPRESSION_VALIDATE_MAX_STEPS = env.int("EXPRESSION_VALIDATE_MAX_STEPS", default=200_000)
+EXPRESSION_VALIDATE_MAX_CHARS = env.int("EXPRESSION_VALIDATE_MAX_CHARS", default=16 * 1024 * 1024)
 
 # Script steps (scriptsteps/, README "Script steps"): `relaysh/core` steps run in bubblewrap on
 # the Celery queue `steps`. Limits are per step; times in seconds, sizes in bytes.

@@ -26,6 +26,7 @@ from stepruntime.authentication import StepCredentialAuthentication
 from stepruntime.models import EmittedEvent, StepCredential, StepLog, StepLogMessage
 from workflows import engine
 from workflows.dialect.errors import EvaluationError
+from workflows.dialect.problems import DocumentError
 from workflows.models import OverBudget, StepRun, Workflow
 
 MAX_NAME_LENGTH = 255
@@ -401,7 +402,7 @@ class WorkflowRunView(StepView):
             raise exceptions.NotFound(
                 "The workflow's owner has no workflow by that name.", code="model_not_found_error"
             ) from None
-        except engine.ParameterError as exc:
+        except (engine.ParameterError, DocumentError) as exc:
             raise Unprocessable(str(exc), code="model_write_error") from None
         except OverBudget as exc:
             raise _over_budget(exc, "run_budget_exceeded") from None

@@ -43,7 +43,8 @@ from workflows.dialect import validate
 from workflows.dialect.errors import EvaluationError
 from workflows.dialect.evaluate import Data, evaluate
 from workflows.dialect.model import Result, Unresolvable
-from workflows.dialect.values import type_name
+from workflows.dialect.problems import DocumentError
+from workflows.dialect.values import type_name, unstorable
 from workflows.dialect.workflow import Step as StepSpec
 from workflows.dialect.workflow import Workflow as ParsedWorkflow
 from workflows.models import (
@@ -138,16 +139,18 @@ parsed = ParsedCache()
 
 
 class ParameterError(Exception):
-    """Parameters a run cannot start with: required ones missing, or ones the workflow does
-    not declare."""
+    """Parameters a run cannot start with: required ones missing, ones the workflow does
+    not declare, or values that cannot be kept (name → why: a number too large for a
+    float64, which relay-core's Go could not read either)."""
 
-    def __init__(self, missing: list[str], unknown: list[str]) -> None:
-        self.missing, self.unknown = missing, unknown
+    def __init__(self, missing: list[str], unknown: list[str], invalid: dict[str, str] | None = None) -> None:
+        self.missing, self.unknown, self.invalid = missing, unknown, invalid or {}
         parts = []
         if missing:
             parts.append("missing required parameters: " + ", ".join(missing))
         if unknown:
             parts.append("parameters the workflow does not declare: " + ", ".join(unknown))
+        parts += [f"parameter {name!r}: {why}" for name, why in self.invalid.items()]
         super().__init__("; ".join(parts).capitalize() + ".")
 
 
@@ -156,6 +159,7 @@ def bind_parameters(document: ParsedWorkflow, given: Mapping[str, Any]) -> dict[
     unknown = sorted(name for name in given if name not in document.parameters)
     bound: dict[str, Any] = {}
     missing = []
+    invalid = {}
     for name, parameter in document.parameters.items():
         if name in given:
             bound[name] = given[name]
@@ -163,8 +167,12 @@ def bind_parameters(document: ParsedWorkflow, given: Mapping[str, Any]) -> dict[
             bound[name] = parameter.default
         else:
             missing.append(name)
-    if missing or unknown:
-        raise ParameterError(missing, unknown)
+            continue
+        why = unstorable(bound[name])
+        if why is not None:
+            invalid[name] = why
+    if missing or unknown or invalid:
+        raise ParameterError(missing, unknown, invalid)
     return bound
 
 
@@ -201,7 +209,8 @@ def create_run(
     except ParameterError as exc:
         if strict:
             raise
-        bound, problem = dict(parameters), str(exc)
+        # The run is kept with what can be kept of them, and fails at once.
+        bound, problem = {k: v for k, v in parameters.items() if k not in exc.invalid}, str(exc)
     if unbound:
         problem = " ".join(
             [problem, *(f"The trigger's binding of {name!r} failed: {why}." for name, why in unbound.items())]
@@ -292,7 +301,16 @@ def advance(run_id: Any, requeue: bool = False) -> None:
         return
     if run.cancel_requested:
         return  # cancel_run skipped the pending steps and is cancelling the rest
-    document = parsed(run.revision_id)
+    try:
+        document = parsed(run.revision_id)
+    except DocumentError as exc:
+        # Saved under older rules (a budget since lowered): nothing more of it can start,
+        # and asking again would fail the same way for ever.
+        why = _reason(f"Skipped: its workflow's revision is not valid any more: {exc}")
+        skipped = [step.skip(why) for step in steps if step.status == StepStatus.PENDING]
+        if any(skipped):
+            advance(run_id)
+        return
     by_name = {step.name: step for step in steps}
     ready = [
         step.pk
@@ -339,13 +357,47 @@ class _Undecidable(Exception):
 
 
 def start_step(step_id: str) -> None:
-    """Decide a pending step whose predecessors have ended, and start it (exactly once)."""
+    """Decide a pending step whose predecessors have ended, and start it (exactly once).
+
+    Bounded like a step in progress: what the step's document or data can never do fails
+    it at once, with the reason; any other error is tried again (Celery's retries, then the
+    sweeper's) WORKFLOW_STEP_MAX_ATTEMPTS times in all, then fails it."""
     step = StepRun.objects.select_related("run", "run__workflow").filter(pk=step_id).first()
     if step is None or step.status != StepStatus.PENDING:
         return
     run = step.run
     if run.status != RunStatus.IN_PROGRESS or run.cancel_requested:
         return
+    try:
+        _start(step, run)
+    except DocumentError as exc:
+        if step.fail_unstarted(_reason(f"Its workflow's revision is not valid any more: {exc}"), []):
+            advance(run.pk)
+    except Exception as exc:
+        if not _count_failed_start(step, exc):
+            raise
+        advance(run.pk)
+
+
+def _count_failed_start(step: StepRun, exc: Exception) -> bool:
+    """One more failed start of a pending step; True when that was its last, and it failed."""
+    log.warning("workflow step %s: start failed (%s)", step.pk, type(exc).__name__, exc_info=True)
+    StepRun.objects.filter(pk=step.pk, status=StepStatus.PENDING).update(attempts=models.F("attempts") + 1)
+    attempts = StepRun.objects.filter(pk=step.pk).values_list("attempts", flat=True).first() or 0
+    if attempts < settings.WORKFLOW_STEP_MAX_ATTEMPTS:
+        return False
+    return step.fail_unstarted(
+        _reason(f"Could not be started after {attempts} attempts: {type(exc).__name__}: {exc}"), []
+    )
+
+
+def _reason(text: str) -> str:
+    """A message for a step or run: no NUL (PostgreSQL's text cannot hold one), and short."""
+    text = text.replace("\x00", "\\u0000")
+    return text if len(text) <= 2000 else text[:2000] + "…"
+
+
+def _start(step: StepRun, run: WorkflowRun) -> None:
     document = parsed(run.revision_id)
     spec = document.step(step.name)
     steps = {s.name: s for s in _steps(run, "outputs")}
@@ -363,7 +415,7 @@ def start_step(step_id: str) -> None:
     try:
         holds, excused = _conditions(spec, data, lookups)
     except _Undecidable as exc:
-        if step.fail_unstarted(str(exc), []):
+        if step.fail_unstarted(_reason(str(exc)), []):
             advance(run.pk)
         return
     if not holds:
@@ -454,7 +506,7 @@ def _work(
             if not _record(step, lease, outcome):
                 raise _LeaseLost
     except _Undecidable as exc:
-        _end(step, run, lease, StepStatus.FAILURE, str(exc))
+        _end(step, run, lease, StepStatus.FAILURE, _reason(str(exc)))
         return
     except _LeaseLost:
         log.info("workflow step %s: lease lost during %s; its outcome is dropped", step.pk, phase)

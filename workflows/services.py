@@ -28,7 +28,8 @@ from workflows import engine
 from workflows.dialect import cron
 from workflows.dialect.errors import EvaluationError
 from workflows.dialect.evaluate import Data, evaluate
-from workflows.dialect.values import type_name
+from workflows.dialect.problems import DocumentError
+from workflows.dialect.values import type_name, unstorable
 from workflows.dialect.workflow import Trigger as TriggerSpec
 from workflows.models import WorkflowRun
 
@@ -54,7 +55,11 @@ def start_run_for_event(event_id: str) -> WorkflowRun | None:
         workflow = event.trigger.workflow
         revision = workflow.latest_revision() if workflow is not None else None
         kind = event.trigger.kind
-        spec = _trigger_spec(revision, kind, event.trigger.name)
+        try:
+            spec = _trigger_spec(revision, kind, event.trigger.name)
+        except DocumentError as exc:
+            _skip(event, f"The workflow's newest revision is not valid any more: {exc}")
+            return None
         if workflow is None or revision is None or spec is None:
             # The revision that removed the trigger is being saved: the trigger goes with it.
             _skip(event, f"The workflow no longer has a {kind} trigger named {event.trigger.name!r}.")
@@ -74,6 +79,15 @@ def start_run_for_event(event_id: str) -> WorkflowRun | None:
         event.end_workflow_start(WorkflowStart.STARTED)
     log.info("event %s started workflow run %s", event.pk, run.pk)
     return run
+
+
+def give_up_workflow_start(event_id: str, exc: Exception) -> None:
+    """The event's run could not be started for a reason trying again would not change."""
+    log.error("event %s: its workflow run could not be started", event_id, exc_info=exc)
+    event = Event.objects.filter(pk=event_id, workflow_start=WorkflowStart.PENDING).first()
+    if event is not None:
+        text = f"{type(exc).__name__}: {exc}".replace("\x00", "\\u0000")
+        _skip(event, f"Its workflow run could not be started: {text}")
 
 
 def _trigger_spec(revision: Any, kind: str, name: str) -> TriggerSpec | None:
@@ -134,7 +148,13 @@ def start_scheduled_run(schedule_id: Any, now: datetime) -> WorkflowRun | None:
             return None  # another worker took this slot
         workflow = schedule.workflow
         revision = workflow.latest_revision()
-        spec = _trigger_spec(revision, "schedule", schedule.name)
+        try:
+            spec = _trigger_spec(revision, "schedule", schedule.name)
+        except DocumentError as exc:
+            # Saved under older rules: this slot is taken, and the next one asks again (an
+            # error here would undo the take, and every tick would fail on it for ever).
+            schedule.note(f"The workflow's newest revision is not valid any more: {exc}")
+            return None
         if revision is None or spec is None:
             # The revision that removes it is being saved: the schedule goes with it.
             return None
@@ -200,8 +220,11 @@ def _bind(bindings: Mapping[str, Any], data: Data) -> tuple[dict[str, Any], dict
         except EvaluationError as exc:
             unbound[name] = str(exc)
             continue
-        if result.complete:
-            parameters[name] = result.value
-        else:
+        if not result.complete:
             unbound[name] = f"it refers to {engine.describe(result.unresolvable)}"
+        elif (why := unstorable(result.value)) is not None:
+            # A run's parameters are kept as JSON: such a value would fail every try.
+            unbound[name] = f"its value cannot be a parameter: {why}"
+        else:
+            parameters[name] = result.value
     return parameters, unbound

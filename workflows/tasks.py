@@ -41,8 +41,15 @@ def resume_step(step_id: str) -> None:
 @shared_task(**RETRY)
 def start_run_for_event(event_id: str) -> None:
     """A workflow trigger's matched event: its run, once (queued when the event is recorded;
-    triggers.tasks.requeue_stuck_events sends it again if that message was lost)."""
-    services.start_run_for_event(event_id)
+    triggers.tasks.requeue_stuck_events sends it again if that message was lost). An error
+    that is not the database's would come back at every requeue: the event starts no run,
+    and says why."""
+    try:
+        services.start_run_for_event(event_id)
+    except DatabaseError:
+        raise
+    except Exception as exc:
+        services.give_up_workflow_start(event_id, exc)
 
 
 @shared_task(acks_late=True)

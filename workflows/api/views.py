@@ -304,9 +304,16 @@ class WorkflowViewSet(viewsets.GenericViewSet):
                 name: [serializers.ErrorDetail("The workflow declares no such parameter.", "unknown")]
                 for name in exc.unknown
             }
+            errors |= {
+                name: [serializers.ErrorDetail(f"The value cannot be a parameter: {why}.", "invalid")]
+                for name, why in exc.invalid.items()
+            }
             raise exceptions.ValidationError({"parameters": errors}) from None
         except OverBudget as exc:
             raise TooManyRequests(str(exc), code="runs_in_progress_exceeded") from None
+        except DocumentError as exc:
+            # Saved under older rules (a budget since lowered): a new revision must replace it.
+            raise ConflictError(f"The workflow's newest revision is not valid any more: {exc}") from None
         return Response(WorkflowRunSerializer(_run(run.pk)).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=SecretSerializer, responses={204: None}, parameters=[OWNER_PARAMETER])

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from workflows.dialect.budget import Budget
 from workflows.dialect.errors import (
     EvaluationError,
     ExpressionError,
@@ -30,6 +31,7 @@ from workflows.dialect.errors import (
     UnknownKey,
 )
 from workflows.dialect.model import (
+    DATA_ERRORS,
     DEFAULT_EVALUATOR,
     Context,
     Evaluator,
@@ -38,6 +40,7 @@ from workflows.dialect.model import (
     Result,
     StaticExpandable,
     Unresolvable,
+    data_error,
     evaluate_all,
     unresolved,
 )
@@ -255,8 +258,19 @@ def to_float(value: Any) -> float | None:
     """gval's convertToFloat: numbers, and strings that parse as one."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, (int, float)):
-        return float(value)
+    if isinstance(value, float):
+        return value
+    if isinstance(value, int):
+        try:
+            return float(value)
+        except OverflowError:
+            # Only data brings such a number (JSON's 1000…0 with 400 digits); Go could not
+            # have read it into a float64 at all.
+            digits = str(abs(value))
+            raise EvaluationError(
+                f"the number {'-' if value < 0 else ''}{digits[:12]}… ({len(digits)} digits) "
+                "is too large for a float64"
+            ) from None
     if isinstance(value, str):
         try:
             return _go_parse_float(value)
@@ -395,7 +409,7 @@ def _boolean(op: str, a: bool, b: bool) -> bool:
     raise AssertionError(op)
 
 
-def apply_infix(op: str, a: Any, b: Any) -> Any:
+def apply_infix(op: str, a: Any, b: Any, budget: Budget | None = None) -> Any:
     """gval's operator dispatch: exact float64s, exact bools, exact strings, then the same
     with conversion (numeric strings are numbers, "true" is true), then the catch-all."""
     if op in NUMBER_OPS and isinstance(a, float) and isinstance(b, float):
@@ -403,6 +417,8 @@ def apply_infix(op: str, a: Any, b: Any) -> Any:
     if op in BOOL_OPS and isinstance(a, bool) and isinstance(b, bool):
         return _boolean(op, a, b)
     if op in TEXT_OPS and isinstance(a, str) and isinstance(b, str):
+        if op == "+" and budget is not None:
+            budget.produce(len(a) + len(b))
         return _text(op, a, b)
     if op in NUMBER_OPS:
         x, y = to_float(a), to_float(b)
@@ -413,11 +429,20 @@ def apply_infix(op: str, a: Any, b: Any) -> Any:
         if p is not None and q is not None:
             return _boolean(op, p, q)
     if op in TEXT_OPS and op not in ARBITRARY_OPS and a is not None and b is not None:
-        return _text(op, sprint(a), sprint(b))
+        x, y = sprint(a, budget), sprint(b, budget)
+        if op == "+" and budget is not None:
+            budget.produce(len(x) + len(y))
+        return _text(op, x, y)
     if op in ARBITRARY_OPS:
-        equal = deep_equal(a, b)
+        equal = deep_equal(a, b, budget)
         return equal if op == "==" else not equal
     raise EvaluationError(f"invalid operation ({type_name(a)}) {op} ({type_name(b)})")
+
+
+def shown(value: Any, budget: Budget | None) -> str:
+    """A value in an error message: its text, cut short."""
+    text = sprint(value, budget)
+    return text if len(text) <= 200 else text[:200] + "…"
 
 
 def _regex_match(pattern: str, text: str) -> bool:
@@ -480,6 +505,7 @@ class Var(Node):
         parents: list[Any] = []
         try:
             for key_node in self.keys:
+                ctx.budget.spend()
                 key = key_node.eval(ctx, parameter)
                 parents.append(key)
                 if isinstance(value, Indexable):
@@ -497,7 +523,7 @@ class Var(Node):
         except EvaluationError as exc:
             error: EvaluationError = exc
             for parent in reversed(parents):
-                error = PathError(sprint(parent), error)
+                error = PathError(shown(parent, ctx.budget), error)
             raise error from None
 
 
@@ -513,6 +539,7 @@ class Call(Node):
     def eval(self, ctx: Context, parameter: Any) -> Any:
         from workflows.dialect.fnlib import ArgumentError  # fnlib imports this module
 
+        ctx.budget.spend()
         descriptor = self.options.functions.get(self.name)
         if descriptor is None:
             return unresolved(invocations={(self.name, "function not found")})
@@ -545,10 +572,10 @@ class Unary(Node):
         yield self.operand
 
     def eval(self, ctx: Context, parameter: Any) -> Any:
-        return apply_prefix(self.op, self.operand.eval(ctx, parameter))
+        return apply_prefix(self.op, self.operand.eval(ctx, parameter), ctx.budget)
 
 
-def apply_prefix(op: str, value: Any) -> Any:
+def apply_prefix(op: str, value: Any, budget: Budget | None = None) -> Any:
     if op == "!":
         truth = to_bool(value)
         if truth is None:
@@ -556,7 +583,7 @@ def apply_prefix(op: str, value: Any) -> Any:
         return not truth
     number = to_float(value)
     if number is None:
-        raise EvaluationError(f"unexpected {sprint(value)}({type_name(value)}) expected number")
+        raise EvaluationError(f"unexpected {shown(value, budget)}({type_name(value)}) expected number")
     return -number if op == "-" else float(~_int64(number))
 
 
@@ -578,9 +605,9 @@ class Binary(Node):
             return True
         b = self.right.eval(ctx, parameter)
         if self.op in REGEX_OPS:
-            matched = _regex_match(sprint(b), sprint(a))
+            matched = _regex_match(sprint(b, ctx.budget), sprint(a, ctx.budget))
             return matched if self.op == "=~" else not matched
-        return apply_infix(self.op, a, b)
+        return apply_infix(self.op, a, b, ctx.budget)
 
 
 @dataclass
@@ -593,6 +620,7 @@ class Pipe(Node):
         yield self.right
 
     def eval(self, ctx: Context, parameter: Any) -> Any:
+        ctx.budget.spend()
         return self.right.eval(ctx, self.left.eval(ctx, parameter))
 
 
@@ -604,6 +632,7 @@ class Array(Node):
         return iter(self.items)
 
     def eval(self, ctx: Context, parameter: Any) -> Any:
+        ctx.budget.spend(len(self.items) + 1)
         return [item.eval(ctx, parameter) for item in self.items]
 
 
@@ -617,10 +646,11 @@ class Object(Node):
             yield value
 
     def eval(self, ctx: Context, parameter: Any) -> Any:
+        ctx.budget.spend(len(self.pairs) + 1)
         out: dict[str, Any] = {}
         for key, value in self.pairs:
             evaluated = value.eval(ctx, parameter)
-            out[sprint(key.eval(ctx, parameter))] = evaluated
+            out[sprint(key.eval(ctx, parameter), ctx.budget)] = evaluated
         return out
 
 
@@ -908,33 +938,35 @@ class Template:
 
     def evaluate(self, ctx: Context, parameter: Any, unresolvable: Unresolvable) -> Any:
         """The template's value; unresolved references are added to `unresolvable`."""
-        return self._join_from(0, ctx, parameter, unresolvable)
-
-    def _join_from(self, index: int, ctx: Context, parameter: Any, unresolvable: Unresolvable) -> Any:
-        if index == len(self.parts):
+        values: list[Any] = []
+        for part in self.parts:
+            if isinstance(part, str):
+                value: Any = part
+            else:
+                value = run_expression(
+                    ctx, part.node, parameter, unresolvable, DEFAULT_EVALUATOR, template=True
+                )
+            # leg's StringJoiner with empty strings eliminated: "${x}" alone keeps x's type.
+            if not (isinstance(value, str) and value == ""):
+                values.append(value)
+        if not values:
             return ""
-        part = self.parts[index]
-        if isinstance(part, str):
-            a: Any = part
-        else:
-            a = run_expression(ctx, part.node, parameter, unresolvable, DEFAULT_EVALUATOR, template=True)
-        b = self._join_from(index + 1, ctx, parameter, unresolvable)
-        # leg's StringJoiner with empty strings eliminated: "${x}" alone keeps x's type.
-        if isinstance(a, str) and a == "":
-            return b
-        if isinstance(b, str) and b == "":
-            return a
-        return _format(a) + _format(b)
+        if len(values) == 1:
+            return values[0]
+        texts = [_format(value, ctx) for value in values]
+        ctx.budget.produce(sum(len(text) for text in texts))
+        return "".join(texts)
 
 
-def _format(value: Any) -> str:
+def _format(value: Any, ctx: Context) -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, bytes):
+        ctx.budget.check_value(len(value))
         return value.decode("utf-8", "surrogateescape")
     if hasattr(value, "isoformat"):
         return format_time(value)
-    return to_json(value, indent="\t")
+    return to_json(value, indent="\t", budget=ctx.budget)
 
 
 def run_expression(
@@ -947,7 +979,7 @@ def run_expression(
     template: bool = False,
 ) -> Any:
     """pathlang's Expression: evaluate, then expand the value fully with the language's evaluator."""
-    inner = Context(unresolvable=unresolvable, clock=ctx.clock)
+    inner = Context(unresolvable=unresolvable, clock=ctx.clock, budget=ctx.budget)
     try:
         value = node.eval(inner, parameter)
         result = evaluate_all(ctx, evaluator, value)
@@ -957,6 +989,8 @@ def run_expression(
         raise
     except RecursionError:
         raise EvaluationError("the expression nests too deeply") from None
+    except DATA_ERRORS as exc:
+        raise data_error(exc) from exc
     unresolvable.extend(result.unresolvable)
     return result.value
 
@@ -1024,6 +1058,10 @@ def evaluate_query(ctx: Context, tree: Any, query: str) -> Result:
 
 
 def walk(node: Node) -> Iterator[Node]:
-    yield node
-    for child in node.children():
-        yield from walk(child)
+    """`node` and every node under it, in order. A loop, not nested generators: those pass
+    each node up through every level, which is quadratic in a long `|>` chain."""
+    pending = [node]
+    while pending:
+        current = pending.pop()
+        yield current
+        pending.extend(reversed(list(current.children())))

@@ -7,12 +7,12 @@ or `false`. Wrong arity or a missing keyword leaves the call unresolvable (as re
 does); a wrong argument type is an error.
 """
 
-import copy
 import re
 from collections.abc import Callable
 from typing import Any
 
 from workflows.dialect import expr
+from workflows.dialect.budget import Budget
 from workflows.dialect.errors import EvaluationError, NotFound
 from workflows.dialect.model import Context, Evaluator, Result, combine_list, combine_map, evaluate_all
 from workflows.dialect.values import deep_equal, from_json, to_json, to_string, type_name
@@ -59,7 +59,9 @@ def unexpected_type(got: Any, wanted: str) -> EvaluationError:
 
 def arg_error(arg: int | str, cause: Exception) -> EvaluationError:
     label = f'"{arg}"' if isinstance(arg, str) else str(arg)
-    return EvaluationError(f"fn: arg {label}: {cause}")
+    error = EvaluationError(f"fn: arg {label}: {cause}")
+    error.cause = cause  # type: ignore[attr-defined]  # what budget.exceeded() follows
+    return error
 
 
 def evaluated_positional(
@@ -100,6 +102,7 @@ def _append(evaluator: Evaluator, args: list[Any]) -> Invoker:
     def fn(ctx: Context, values: list[Any]) -> Any:
         if not isinstance(values[0], list):
             raise arg_error(1, unexpected_type(values[0], "[]interface {}"))
+        ctx.budget.spend(len(values[0]) + len(values))
         return [*values[0], *values[1:]]
 
     return evaluated_positional(evaluator, args, fn)
@@ -133,6 +136,7 @@ def _concat(evaluator: Evaluator, args: list[Any]) -> Invoker:
                 parts.append(to_string(value))
             except EvaluationError as exc:
                 raise arg_error(index + 1, exc) from None
+        ctx.budget.produce(sum(len(part) for part in parts))
         return "".join(parts)
 
     return evaluated_positional(evaluator, args, fn)
@@ -201,6 +205,18 @@ def _jira_inline(children: list[Any], out: list[str]) -> None:
     flush()
 
 
+def _convert(ctx: Context, to: str, content: str) -> str:
+    ctx.budget.spend(len(content) * MARKDOWN_STEPS_PER_CHAR + 1)
+    converted = convert_markdown(to, content)
+    ctx.budget.produce(len(converted))
+    return converted
+
+
+# markdown-it is Python: 3 to 15 µs a character of input (the most for runs of `[`), where
+# an evaluator's step is about 1 µs.
+MARKDOWN_STEPS_PER_CHAR = 8
+
+
 def _convert_markdown_positional(evaluator: Evaluator, args: list[Any]) -> Invoker:
     if len(args) != 2:
         raise arity(len(args), 2)
@@ -210,7 +226,7 @@ def _convert_markdown_positional(evaluator: Evaluator, args: list[Any]) -> Invok
             raise arg_error(0, unexpected_type(values[0], "string"))
         if not isinstance(values[1], str):
             raise arg_error(1, unexpected_type(values[1], "string"))
-        return convert_markdown(values[0], values[1])
+        return _convert(ctx, values[0], values[1])
 
     return evaluated_positional(evaluator, args, fn)
 
@@ -225,7 +241,7 @@ def _convert_markdown_keyword(evaluator: Evaluator, args: dict[str, Any]) -> Inv
             raise arg_error("to", unexpected_type(values["to"], "string"))
         if not isinstance(values["content"], str):
             raise arg_error("content", unexpected_type(values["content"], "string"))
-        return convert_markdown(values["to"], values["content"])
+        return _convert(ctx, values["to"], values["content"])
 
     return evaluated_keyword(evaluator, args, fn)
 
@@ -237,7 +253,9 @@ def _comparison(negate: bool) -> Callable[[Evaluator, list[Any]], Invoker]:
     def positional(evaluator: Evaluator, args: list[Any]) -> Invoker:
         if len(args) != 2:
             raise arity(len(args), 2)
-        return evaluated_positional(evaluator, args, lambda ctx, v: deep_equal(v[0], v[1]) != negate)
+        return evaluated_positional(
+            evaluator, args, lambda ctx, v: deep_equal(v[0], v[1], ctx.budget) != negate
+        )
 
     return positional
 
@@ -280,7 +298,7 @@ def _json_marshal(evaluator: Evaluator, args: list[Any]) -> Invoker:
 
     def fn(ctx: Context, values: list[Any]) -> Any:
         try:
-            return to_json(values[0])
+            return to_json(values[0], budget=ctx.budget)
         except EvaluationError as exc:
             raise arg_error(1, exc) from None
 
@@ -305,12 +323,23 @@ def _json_unmarshal(evaluator: Evaluator, args: list[Any]) -> Invoker:
 # merge ----------------------------------------------------------------------------------------
 
 
-def merge_into(target: dict[str, Any], source: dict[str, Any], deep: bool) -> None:
+def merge_into(target: dict[str, Any], source: dict[str, Any], deep: bool, budget: Budget) -> None:
     for key, value in source.items():
+        budget.spend()
         if deep and isinstance(target.get(key), dict) and isinstance(value, dict):
-            merge_into(target[key], value, deep)
+            merge_into(target[key], value, deep, budget)
             continue
-        target[key] = copy.deepcopy(value) if isinstance(value, (dict, list)) else value
+        target[key] = _copy(value, budget) if isinstance(value, (dict, list)) else value
+
+
+def _copy(value: Any, budget: Budget) -> Any:
+    """copy.deepcopy, counted: a value shared many times is copied as many times."""
+    budget.spend()
+    if isinstance(value, dict):
+        return {key: _copy(item, budget) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_copy(item, budget) for item in value]
+    return value
 
 
 def _merge_positional(evaluator: Evaluator, args: list[Any]) -> Invoker:
@@ -323,7 +352,7 @@ def _merge_positional(evaluator: Evaluator, args: list[Any]) -> Invoker:
             if not isinstance(value, dict):
                 raise arg_error(index + 1, unexpected_type(value, "map[string]interface {}"))
         for value in values:
-            merge_into(merged, value, deep=True)
+            merge_into(merged, value, True, ctx.budget)
         return merged
 
     return evaluated_positional(evaluator, args, fn)
@@ -336,7 +365,8 @@ def _merge_keyword(evaluator: Evaluator, args: dict[str, Any]) -> Invoker:
     def fn(ctx: Context, values: dict[str, Any]) -> Any:
         mode = values.get("mode", "deep")
         if mode not in ("deep", "shallow") or not isinstance(mode, str):
-            shown = f'"{mode}"' if isinstance(mode, str) else to_json(mode)
+            shown = f'"{mode}"' if isinstance(mode, str) else to_json(mode, budget=ctx.budget)
+            shown = shown if len(shown) <= 200 else shown[:200] + "…"
             raise arg_error(
                 "mode", EvaluationError(f'unexpected value {shown}, wanted one of "deep" or "shallow"')
             )
@@ -353,7 +383,7 @@ def _merge_keyword(evaluator: Evaluator, args: dict[str, Any]) -> Invoker:
                 )
         merged: dict[str, Any] = {}
         for value in objects:
-            merge_into(merged, value, deep=mode == "deep")
+            merge_into(merged, value, mode == "deep", ctx.budget)
         return merged
 
     return evaluated_keyword(evaluator, args, fn)

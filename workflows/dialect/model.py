@@ -8,10 +8,12 @@ set) is not an error: the walk leaves the reference in place and lists it in the
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from workflows.dialect.budget import Budget
 from workflows.dialect.errors import EvaluationError, PathError
 from workflows.dialect.values import type_name
 
@@ -27,38 +29,47 @@ UNRESOLVABLE_KINDS = (
 )
 
 
-@dataclass
+_NONE: frozenset[Any] = frozenset()
+
+
 class Unresolvable:
     """What an evaluation needed and could not get. Each kind is a set of tuples:
     data (name,), secrets (name,), connections (type, name), outputs (from, name),
-    parameters (name,), answers (askRef, name), statuses (step,), invocations (function, why)."""
+    parameters (name,), answers (askRef, name), statuses (step,), invocations (function, why).
 
-    data: set[tuple[str]] = field(default_factory=set)
-    secrets: set[tuple[str]] = field(default_factory=set)
-    connections: set[tuple[str, str]] = field(default_factory=set)
-    outputs: set[tuple[str, str]] = field(default_factory=set)
-    parameters: set[tuple[str]] = field(default_factory=set)
-    answers: set[tuple[str, str]] = field(default_factory=set)
-    statuses: set[tuple[str]] = field(default_factory=set)
-    invocations: set[tuple[str, str]] = field(default_factory=set)
+    An evaluation makes one for every value it walks and nearly all stay empty, so a kind is
+    an attribute of the instance only once it holds something (the class's empty set
+    otherwise): making one, and asking whether it is empty, cost next to nothing."""
+
+    data: AbstractSet[tuple[str]] = _NONE
+    secrets: AbstractSet[tuple[str]] = _NONE
+    connections: AbstractSet[tuple[str, str]] = _NONE
+    outputs: AbstractSet[tuple[str, str]] = _NONE
+    parameters: AbstractSet[tuple[str]] = _NONE
+    answers: AbstractSet[tuple[str, str]] = _NONE
+    statuses: AbstractSet[tuple[str]] = _NONE
+    invocations: AbstractSet[tuple[str, str]] = _NONE
+
+    def __init__(self, **kinds: AbstractSet[Any]) -> None:
+        for kind, entries in kinds.items():
+            if kind not in UNRESOLVABLE_KINDS:
+                raise TypeError(f"no kind {kind!r}")
+            if entries:
+                self.__dict__[kind] = frozenset(entries)
 
     def extend(self, other: "Unresolvable") -> None:
-        if other:  # most often empty: every value of an evaluation extends its parent's
-            for kind in UNRESOLVABLE_KINDS:
-                getattr(self, kind).update(getattr(other, kind))
+        mine = self.__dict__
+        for kind, entries in other.__dict__.items():
+            mine[kind] = mine[kind] | entries if kind in mine else entries
 
     def __bool__(self) -> bool:
-        # Asked of every value evaluated (Result.complete): spelt out, not a loop.
-        return bool(
-            self.data
-            or self.secrets
-            or self.connections
-            or self.outputs
-            or self.parameters
-            or self.answers
-            or self.statuses
-            or self.invocations
-        )
+        return bool(self.__dict__)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Unresolvable) and self.__dict__ == other.__dict__
+
+    def __repr__(self) -> str:
+        return "Unresolvable(" + ", ".join(f"{k}={set(v)!r}" for k, v in sorted(self.__dict__.items())) + ")"
 
     def as_dict(self) -> dict[str, list[dict[str, str]]]:
         """The JSON form of relay-core's metadata API (names sorted), kinds with nothing left out."""
@@ -80,26 +91,48 @@ class Unresolvable:
         return out
 
 
-@dataclass
 class Result:
-    value: Any
-    unresolvable: Unresolvable = field(default_factory=Unresolvable)
+    """A value, and what it still needs (made when first asked for: most need nothing)."""
+
+    __slots__ = ("_unresolvable", "value")
+
+    def __init__(self, value: Any, unresolvable: Unresolvable | None = None) -> None:
+        self.value = value
+        self._unresolvable = unresolvable
+
+    @property
+    def unresolvable(self) -> Unresolvable:
+        if self._unresolvable is None:
+            self._unresolvable = Unresolvable()
+        return self._unresolvable
 
     @property
     def complete(self) -> bool:
-        return not self.unresolvable
+        return not self._unresolvable
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, Result)
+            and self.value == other.value
+            and (self._unresolvable or Unresolvable()) == (other._unresolvable or Unresolvable())
+        )
+
+    def __repr__(self) -> str:
+        return f"Result({self.value!r}, {self._unresolvable!r})"
 
 
 @dataclass
 class Context:
     """What one evaluation carries: where unresolved references are noted (relay-core keeps
-    this in a context.Context) and the clock for now()."""
+    this in a context.Context), the clock for now(), and the budget it spends (shared by
+    every context made from this one)."""
 
     unresolvable: Unresolvable = field(default_factory=Unresolvable)
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+    budget: Budget = field(default_factory=Budget.default)
 
     def fresh(self) -> "Context":
-        return Context(unresolvable=Unresolvable(), clock=self.clock)
+        return Context(unresolvable=Unresolvable(), clock=self.clock, budget=self.budget)
 
 
 class Expandable(ABC):
@@ -137,16 +170,31 @@ class Evaluator:
     def evaluate(self, ctx: Context, tree: Any, depth: int) -> Result:
         if depth == 0:
             return Result(tree)
-        if isinstance(tree, Expandable):
-            result = tree.expand(ctx, depth)
-        elif isinstance(tree, list):
-            result = self.visit_list(ctx, tree, depth)
-        elif isinstance(tree, dict):
-            result = self.visit_map(ctx, tree, depth)
-        elif isinstance(tree, str):
-            result = self.visit_string(ctx, tree, depth)
-        else:
-            result = Result(tree)
+        ctx.budget.spend()
+        kind = type(tree)
+        if kind in _SCALARS:
+            return Result(tree)
+        try:
+            if kind is str:
+                result = self.visit_string(ctx, tree, depth)
+                if isinstance(result.value, str):
+                    # A walk copies references, not text, but what it returns is as large as
+                    # its text: a string shared a thousand times is a thousand copies in JSON.
+                    ctx.budget.produce(len(result.value))
+            elif isinstance(tree, list):
+                result = self.visit_list(ctx, tree, depth)
+            elif isinstance(tree, dict):
+                result = self.visit_map(ctx, tree, depth)
+            elif isinstance(tree, Expandable):
+                result = tree.expand(ctx, depth)
+            elif isinstance(tree, str):
+                result = self.visit_string(ctx, tree, depth)
+            else:
+                result = Result(tree)
+        except EvaluationError:
+            raise
+        except DATA_ERRORS as exc:
+            raise data_error(exc) from exc
         value = result.value
         if not (value is None or isinstance(value, (bool, int, float, str, list, dict, bytes, datetime))):
             raise EvaluationError(
@@ -157,14 +205,16 @@ class Evaluator:
     def visit_list(self, ctx: Context, items: list[Any], depth: int) -> Result:
         if depth == 1:
             return Result(items)
-        result = Result([])
+        values: list[Any] = []
+        result = Result(values)
         for index, item in enumerate(items):
             try:
                 r = self.evaluate(ctx, item, depth - 1)
             except EvaluationError as exc:
                 raise PathError(str(index), exc) from None
-            result.unresolvable.extend(r.unresolvable)
-            result.value.append(r.value)
+            if r._unresolvable:
+                result.unresolvable.extend(r._unresolvable)
+            values.append(r.value)
         return result
 
     def visit_map(self, ctx: Context, mapping: dict[str, Any], depth: int) -> Result:
@@ -173,14 +223,16 @@ class Evaluator:
     def visit_plain_map(self, ctx: Context, mapping: dict[str, Any], depth: int) -> Result:
         if depth == 1:
             return Result(mapping)
-        result = Result({})
+        values: dict[str, Any] = {}
+        result = Result(values)
         for key, item in mapping.items():
             try:
                 r = self.evaluate(ctx, item, depth - 1)
             except EvaluationError as exc:
                 raise PathError(key, exc) from None
-            result.unresolvable.extend(r.unresolvable)
-            result.value[key] = r.value
+            if r._unresolvable:
+                result.unresolvable.extend(r._unresolvable)
+            values[key] = r.value
         return result
 
     def visit_string(self, ctx: Context, text: str, depth: int) -> Result:
@@ -210,6 +262,23 @@ class Evaluator:
 
 
 DEFAULT_EVALUATOR = Evaluator()
+_SCALARS = frozenset({type(None), bool, int, float})
+
+# What evaluating data can raise besides EvaluationError: Python's limits where Go has none
+# or fails otherwise (a number too large, a text too long to convert, nesting too deep).
+DATA_ERRORS = (ArithmeticError, ValueError, TypeError, LookupError, AttributeError, RecursionError)
+
+
+def data_error(exc: Exception) -> EvaluationError:
+    """One of DATA_ERRORS raised while evaluating, as an EvaluationError: the evaluation
+    cannot be done with this data, and trying again will not help."""
+    if isinstance(exc, EvaluationError):
+        return exc
+    if isinstance(exc, RecursionError):
+        return EvaluationError("the value nests too deeply")
+    text = str(exc)
+    text = text if len(text) <= 200 else text[:200] + "…"
+    return EvaluationError(f"the value cannot be evaluated ({type(exc).__name__}: {text})")
 
 
 class Evaluated(Expandable):

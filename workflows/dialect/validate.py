@@ -30,6 +30,7 @@ from django.conf import settings
 from jsonschema import Draft7Validator, FormatChecker, ValidationError
 
 from workflows.dialect import cron, expr, imageref
+from workflows.dialect.budget import Budget, exceeded
 from workflows.dialect.errors import EvaluationError, ExpressionError, PathError
 from workflows.dialect.evaluate import TEMPLATE_NAMES, Data, WorkflowEvaluator
 from workflows.dialect.fnlib import LIBRARY, ArgumentError
@@ -227,6 +228,9 @@ class _Checker:
             False: WorkflowEvaluator(Data()),
             True: WorkflowEvaluator(Data(event_available=True)),
         }
+        # What every dry run of the document spends, together, and what each text found.
+        self.budget = Budget.for_validation()
+        self.dry_runs: dict[tuple[bool, str], tuple[str, str] | None] = {}
         self.references: dict[str, set[Any]] = {
             "parameters": set(),
             "secrets": set(),
@@ -464,24 +468,44 @@ class _Checker:
         reads data is not judged: the data may decide which parts are evaluated.)"""
         if not self._constant(tree, in_trigger):
             return
+        if isinstance(tree, str):
+            # A document repeats its expressions: each text is evaluated once.
+            key = (in_trigger, tree)
+            if key not in self.dry_runs:
+                self.dry_runs[key] = self._dry_run_problem(tree, "", in_trigger)
+            found = self.dry_runs[key]
+        else:
+            found = self._dry_run_problem(tree, "", in_trigger)
+        if found is not None:
+            self.error(pointer + found[0], found[1])
+
+    def _dry_run_problem(self, tree: Any, pointer: str, in_trigger: bool) -> tuple[str, str] | None:
+        """(the pointer under `tree`, the problem), or None when the evaluation works."""
         try:
-            self.evaluators[in_trigger].evaluate(Context(), tree, -1)
+            self.evaluators[in_trigger].evaluate(Context(budget=self.budget), tree, -1)
         except EvaluationError as exc:
+            over = exceeded(exc)
+            if over is not None:
+                return pointer, f"This expression is over the evaluation budget: {over}."
             # The evaluator names the path under `tree` where it failed.
             error: BaseException = exc
             while isinstance(error, PathError):
                 pointer = child_pointer(pointer, error.path)
                 error = error.cause
-            self.error(pointer, f"This expression fails whatever the data: {error}.")
+            return pointer, f"This expression fails whatever the data: {error}."
         except RecursionError:
-            self.error(pointer, "This expression nests too deeply.")
+            return pointer, "This expression nests too deeply."
+        return None
 
     def _constant(self, tree: Any, in_trigger: bool) -> bool:
         if isinstance(tree, str):
             if "$" not in tree:
                 return True
             template = self.evaluators[in_trigger].template(tree)
-            return not any(isinstance(n, expr.Var) for e in template.expressions for n in expr.walk(e.node))
+            # A path in a pipe's right side reads the pipe's input, not the data.
+            return not any(
+                isinstance(n, expr.Var) for e in template.expressions for n in _environment_nodes(e.node)
+            )
         if isinstance(tree, list):
             return all(self._constant(item, in_trigger) for item in tree)
         if isinstance(tree, dict):
@@ -682,19 +706,23 @@ def _invocation_arguments(value: Any) -> list[Any] | dict[str, Any]:
 
 
 def _environment_nodes(node: expr.Node) -> Iterator[expr.Node]:
-    """Function calls, and paths that start at the template's data (not a pipe's input)."""
-    if isinstance(node, expr.Var):
-        yield node
-    elif isinstance(node, expr.Call):
-        yield node
-    if isinstance(node, expr.Pipe):
-        yield from _environment_nodes(node.left)
-        for inner in expr.walk(node.right):
-            if isinstance(inner, expr.Call):
-                yield inner
-        return
-    for child in node.children():
-        yield from _environment_nodes(child)
+    """Function calls, and paths that start at the template's data (not a pipe's input).
+    (A loop, not nested generators, which are quadratic in the depth of the tree.)"""
+    pending: list[tuple[expr.Node, bool]] = [(node, True)]  # (node, whether to look under it)
+    while pending:
+        current, under = pending.pop()
+        if isinstance(current, expr.Var | expr.Call):
+            yield current
+        if not under:
+            continue
+        if isinstance(current, expr.Pipe):
+            # The right side reads the pipe's input: only its calls matter here, after the
+            # left side's nodes.
+            calls = [inner for inner in expr.walk(current.right) if isinstance(inner, expr.Call)]
+            pending.extend((call, False) for call in reversed(calls))
+            pending.append((current.left, True))
+            continue
+        pending.extend((child, True) for child in reversed(list(current.children())))
 
 
 def _container(raw: dict[str, Any]) -> Container:

@@ -9,9 +9,11 @@ JSON its own way, so those are spelled out here.
 import base64
 import json
 import math
+import re
 from datetime import UTC, datetime
 from typing import Any
 
+from workflows.dialect.budget import Budget
 from workflows.dialect.errors import EvaluationError
 
 
@@ -101,28 +103,79 @@ def format_time(value: datetime) -> str:
     return f"{text}{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
 
 
-def sprint(value: Any) -> str:
+class _Writer:
+    """A text being built, charged to `budget` as each part is added (so a value stops at
+    the budget's largest value, not after it is built)."""
+
+    def __init__(self, budget: Budget | None) -> None:
+        self.parts: list[str] = []
+        self.size = 0
+        self.budget = budget
+
+    def step(self) -> None:
+        if self.budget is not None:
+            self.budget.spend()
+
+    def reserve(self, chars: int) -> None:
+        """At least `chars` more characters are coming."""
+        if self.budget is not None:
+            self.budget.check_value(self.size + chars)
+
+    def write(self, text: str) -> None:
+        self.size += len(text)
+        if self.budget is not None:
+            self.budget.check_value(self.size)
+            self.budget.take_chars(len(text))
+        self.parts.append(text)
+
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
+def sprint(value: Any, budget: Budget | None = None) -> str:
     """Go's fmt.Sprintf("%v", value)."""
+    if isinstance(value, str) and budget is None:
+        return value
+    out = _Writer(budget)
+    _sprint(value, out)
+    return out.text()
+
+
+def _sprint(value: Any, out: _Writer) -> None:
+    out.step()
     match value:
         case None:
-            return "<nil>"
+            out.write("<nil>")
         case bool():
-            return "true" if value else "false"
+            out.write("true" if value else "false")
         case int():
-            return str(value)
+            out.write(str(value))
         case float():
-            return format_float(value, "g")
+            out.write(format_float(value, "g"))
         case str():
-            return value
+            out.write(value)
         case bytes():
-            return "[" + " ".join(str(b) for b in value) + "]"
+            out.reserve(len(value) * 2)
+            out.write("[" + " ".join(str(b) for b in value) + "]")
         case datetime():
-            return format_time(value)
+            out.write(format_time(value))
         case list():
-            return "[" + " ".join(sprint(v) for v in value) + "]"
+            out.write("[")
+            for index, item in enumerate(value):
+                if index:
+                    out.write(" ")
+                _sprint(item, out)
+            out.write("]")
         case dict():
-            return "map[" + " ".join(f"{k}:{sprint(value[k])}" for k in sorted(value)) + "]"
-    return str(value)
+            out.write("map[")
+            for index, key in enumerate(sorted(value)):
+                if index:
+                    out.write(" ")
+                out.write(f"{key}:")
+                _sprint(value[key], out)
+            out.write("]")
+        case _:
+            out.write(str(value))
 
 
 _JSON_ESCAPES = {
@@ -133,67 +186,79 @@ _JSON_ESCAPES = {
     "\t": "\\t",
     "<": "\\u003c",
     ">": "\\u003e",
+    "&": "\\u0026",
+    "\u2028": "\\u2028",
+    "\u2029": "\\u2029",
 }
-_JSON_ESCAPES["&"] = "\\u0026"
-_JSON_ESCAPES["\u2028"] = "\\u2028"
-_JSON_ESCAPES["\u2029"] = "\\u2029"
+# Go's encoder: the escapes above, other control characters as \u00XX, and invalid UTF-8
+# (here a lone surrogate) as the replacement character. str.translate does it at C speed.
+_JSON_TABLE: dict[int, str] = {ord(c): e for c, e in _JSON_ESCAPES.items()}
+for _code in range(0x20):
+    _JSON_TABLE.setdefault(_code, f"\\u{_code:04x}")
+for _code in range(0xD800, 0xE000):
+    _JSON_TABLE[_code] = "\ufffd"
+_CHUNK = 64 * 1024
 
 
-def _json_string(text: str) -> str:
-    out = []
-    for char in text:
-        if char in _JSON_ESCAPES:
-            out.append(_JSON_ESCAPES[char])
-        elif ord(char) < 0x20:
-            out.append(f"\\u{ord(char):04x}")
-        elif 0xD800 <= ord(char) <= 0xDFFF:
-            out.append("\ufffd")  # Go writes invalid UTF-8 as the replacement character
-        else:
-            out.append(char)
-    return '"' + "".join(out) + '"'
+def _json_string(text: str, out: _Writer | None = None) -> str:
+    if out is None:
+        return '"' + text.translate(_JSON_TABLE) + '"'
+    out.reserve(len(text) + 2)
+    out.write('"')
+    # In pieces, so a long string that grows as it is escaped stops near the budget.
+    for start in range(0, len(text), _CHUNK):
+        out.write(text[start : start + _CHUNK].translate(_JSON_TABLE))
+    out.write('"')
+    return ""
 
 
-def to_json(value: Any, indent: str | None = None, _level: int = 0) -> str:
+def to_json(value: Any, indent: str | None = None, budget: Budget | None = None) -> str:
     """Go's json.Marshal (or MarshalIndent with prefix "" and `indent`): sorted keys,
     HTML-safe escapes, Go's number forms, times as RFC 3339, bytes as base64."""
+    out = _Writer(budget)
+    _to_json(value, indent, 0, out)
+    return out.text()
+
+
+def _to_json(value: Any, indent: str | None, level: int, out: _Writer) -> None:
+    out.step()
     match value:
         case None:
-            return "null"
+            out.write("null")
         case bool():
-            return "true" if value else "false"
+            out.write("true" if value else "false")
         case int():
-            return str(value)
+            out.write(str(value))
         case float():
             if math.isnan(value) or math.isinf(value):
                 raise EvaluationError(f"json: unsupported value: {format_float(value, 'g')}")
-            return format_float(value, "json")
+            out.write(format_float(value, "json"))
         case str():
-            return _json_string(value)
+            _json_string(value, out)
         case bytes():
-            return _json_string(base64.b64encode(value).decode("ascii"))
+            out.reserve(len(value) * 4 // 3)
+            _json_string(base64.b64encode(value).decode("ascii"), out)
         case datetime():
-            return _json_string(format_time(value))
-        case list():
-            items = [to_json(v, indent, _level + 1) for v in value]
-            return _json_container("[", "]", items, indent, _level)
-        case dict():
-            items = [
-                _json_string(str(k))
-                + (": " if indent is not None else ":")
-                + to_json(value[k], indent, _level + 1)
-                for k in sorted(value)
-            ]
-            return _json_container("{", "}", items, indent, _level)
-    raise EvaluationError(f"json: unsupported type: {type_name(value)}")
-
-
-def _json_container(start: str, end: str, items: list[str], indent: str | None, level: int) -> str:
-    if not items:
-        return start + end
-    if indent is None:
-        return start + ",".join(items) + end
-    inner = "\n" + indent * (level + 1)
-    return start + inner + ("," + inner).join(items) + "\n" + indent * level + end
+            _json_string(format_time(value), out)
+        case list() | dict():
+            start, end = ("[", "]") if isinstance(value, list) else ("{", "}")
+            if not value:
+                out.write(start + end)
+                return
+            inner = "" if indent is None else "\n" + indent * (level + 1)
+            out.write(start)
+            items = value if isinstance(value, list) else sorted(value)
+            for index, item in enumerate(items):
+                out.write(("," if index else "") + inner)
+                if isinstance(value, list):
+                    _to_json(item, indent, level + 1, out)
+                else:
+                    _json_string(str(item), out)
+                    out.write(": " if indent is not None else ":")
+                    _to_json(value[item], indent, level + 1, out)
+            out.write(end if indent is None else "\n" + indent * level + end)
+        case _:
+            raise EvaluationError(f"json: unsupported type: {type_name(value)}")
 
 
 def from_json(text: str) -> Any:
@@ -205,15 +270,51 @@ def from_json(text: str) -> Any:
     return json.loads(text, parse_int=float, parse_constant=refuse)
 
 
-def deep_equal(a: Any, b: Any) -> bool:
+FLOAT64_MAX_INT = 2**1024  # float(n) overflows from here
+
+
+def unstorable(value: Any) -> str | None:
+    """Why `value` cannot be kept as JSON (a run's parameters, in PostgreSQL's jsonb) and read
+    back by relay-core's Go, or None: a number that is not finite or too large for a float64,
+    a NUL character or a lone surrogate in a string or key."""
+    pending = [value]  # a loop, not recursion: data nests as deep as its sender likes
+    while pending:
+        item = pending.pop()
+        if isinstance(item, bool) or item is None:
+            continue
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return f"the number {format_float(item, 'g')} is not finite"
+        elif isinstance(item, int):
+            if abs(item) >= FLOAT64_MAX_INT:
+                return f"a number of {len(str(abs(item)))} digits is too large for a float64"
+        elif isinstance(item, str):
+            if "\x00" in item:
+                return "a text holds a NUL character (\\u0000)"
+            if _SURROGATE.search(item):
+                return "a text holds a lone surrogate (not UTF-8)"
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
+    return None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def deep_equal(a: Any, b: Any, budget: Budget | None = None) -> bool:
     """reflect.DeepEqual on evaluated values: types must match (int is not float64, bool is
     not a number)."""
+    if budget is not None:
+        budget.spend()
     if type(a) is not type(b):
         return False
     if isinstance(a, list):
-        return len(a) == len(b) and all(deep_equal(x, y) for x, y in zip(a, b, strict=True))
+        return len(a) == len(b) and all(deep_equal(x, y, budget) for x, y in zip(a, b, strict=True))
     if isinstance(a, dict):
-        return a.keys() == b.keys() and all(deep_equal(a[k], b[k]) for k in a)
+        return a.keys() == b.keys() and all(deep_equal(a[k], b[k], budget) for k in a)
     if isinstance(a, float) and math.isnan(a):
         return False
     return bool(a == b)
