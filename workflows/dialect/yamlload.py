@@ -117,6 +117,10 @@ def compose(text: str) -> Node | None:
                     )
                 node = anchors[event.anchor]
             elif isinstance(event, yaml.ScalarEvent):
+                if "\x00" in event.value:  # from a "\0" escape: PostgreSQL keeps no NUL in text
+                    raise _Stop(
+                        "A string holds a NUL character (U+0000), which cannot be stored.", line, column
+                    )
                 node = Node(
                     "scalar",
                     _short_tag(event.tag),
