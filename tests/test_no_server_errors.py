@@ -277,3 +277,18 @@ def test_the_admin_s_json_fields_refuse_what_they_cannot_keep_with_a_form_error(
     assert response.status_code == 302
     trigger.refresh_from_db()
     assert trigger.statuses == ["failed"]
+
+
+@pytest.mark.parametrize("number", ["1e400", "-1e400", "9" * 400, ".inf", "-.Inf", ".nan", "!!float 1e999"])
+def test_a_number_json_cannot_hold_in_a_workflow_is_a_400_at_its_line(alice_api, number):
+    """A default of 1e400 validated and was saved, then every run of it was refused: a
+    document's values are JSON, which has no infinity or NaN."""
+    source = SOURCE.replace("world", number)
+    problem = assert_problem(
+        alice_api.post("/api/workflows/validate", source.encode(), content_type="application/yaml"), 400
+    )
+    [error] = problem["errors"]
+    assert "is not a finite number" in error["detail"]
+    assert (error["line"], error["column"]) == (3, 18)
+    assert_problem(alice_api.post("/api/workflows/", {"name": "wf", "source": source}, format="json"), 400)
+    assert not Workflow.objects.exists()
