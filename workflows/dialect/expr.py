@@ -65,6 +65,7 @@ MAX_NESTING = 64
 
 IDENT, NUMBER, STRING, CHAR, RAW, EOF = "ident", "number", "string", "char", "raw", "eof"
 OPERATOR_CHARS = set("+-*/%><=!^&|~")
+_OPERATOR_RUN = re.compile(r"[-+*/%><=!^&|~]*")
 _NUMBER = re.compile(
     r"0[xX][0-9a-fA-F_]*(?:\.[0-9a-fA-F_]*)?(?:[pP][+-]?[0-9_]+)?|0[bBoO][0-9_]*"
     r"|(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)(?:[eE][+-]?[0-9_]+)?"
@@ -109,6 +110,9 @@ def _is_ident_part(char: str) -> bool:
     return char in "_-" or char.isalpha() or char.isdigit()
 
 
+_new_token = tuple.__new__  # Token(...) without NamedTuple's Python-level __new__
+
+
 class Scanner:
     def __init__(self, text: str, start: int = 0) -> None:
         self.text = text
@@ -130,7 +134,7 @@ class Scanner:
             char = text[start : start + 1]
             if char in _PUNCTUATION:  # a character that is its own token
                 self.pos = start + 1
-                token = Token(char, char, start, start + 1)
+                token = _new_token(Token, (char, char, start, start + 1))
             else:
                 token = self._other(start)
         else:
@@ -139,7 +143,7 @@ class Scanner:
                 while end < len(text) and _is_ident_part(text[end]):  # a name going on in another alphabet
                     end += 1
             self.pos = end
-            token = Token(kind, text[start:end], start, end)
+            token = _new_token(Token, (kind, text[start:end], start, end))
         self.last = token
         return token
 
@@ -898,8 +902,11 @@ class Parser:
                 self.scanner.unread()
                 return _Stage(node)
             op = token.kind
-            while self.scanner.peek_char() in OPERATOR_CHARS and self.scanner.peek_char():
-                op += self.scanner.next_char()
+            scanner = self.scanner
+            more = _OPERATOR_RUN.match(scanner.text, scanner.pos).end() - scanner.pos  # type: ignore[union-attr]
+            if more:  # the operator characters right after it (no space between)
+                op += scanner.text[scanner.pos : scanner.pos + more]
+                scanner.pos += more
             if op in PRECEDENCE:
                 return _Stage(node, op, PRECEDENCE[op])
             if op == "|>":

@@ -797,7 +797,15 @@ def _environment_nodes(node: expr.Node) -> list[expr.Node]:
         if isinstance(current, expr.Pipe):
             # The right side reads the pipe's input: only its calls matter here, after the
             # left side's nodes.
-            calls = [(inner, False) for inner in expr.walk(current.right) if isinstance(inner, expr.Call)]
+            calls: list[tuple[expr.Node, bool]] = []
+            under_right = [current.right]  # (expr.walk's order, without its generator)
+            while under_right:
+                inner = under_right.pop()
+                if isinstance(inner, expr.Call):
+                    calls.append((inner, False))
+                nodes = list(inner.children())
+                nodes.reverse()
+                under_right += nodes
             calls.reverse()
             pending += calls
             pending.append((current.left, True))
