@@ -94,6 +94,11 @@ _PUNCTUATION = frozenset(chr(c) for c in range(128)) - frozenset(
     "_\"'`0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 )
 
+_ASCII_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+_NAME_START = frozenset("_abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+# Those that cannot begin a space, a comment or a number either (`.5`): read as they are.
+_SINGLE = _PUNCTUATION - frozenset(" \t\n\r/.")
+
 
 class Token(NamedTuple):
     kind: str  # one of the kinds above, or the character itself ("(", "+", ...)
@@ -125,7 +130,23 @@ class Scanner:
             token, self.pushed = self.pushed, None
             self.last = token
             return token
-        text = self.text
+        text, start = self.text, self.pos
+        char = text[start : start + 1]
+        if char == " ":
+            start += 1
+            char = text[start : start + 1]
+        if char in _SINGLE:  # most tokens: read without the pattern
+            self.pos = start + 1
+            token = self.last = _new_token(Token, (char, char, start, start + 1))
+            return token
+        if char in _NAME_START:
+            end = _ASCII_IDENT.match(text, start).end()  # type: ignore[union-attr]  # it matches `char`
+            if end < len(text) and not text[end].isascii():
+                while end < len(text) and _is_ident_part(text[end]):  # a name going on in another alphabet
+                    end += 1
+            self.pos = end
+            token = self.last = _new_token(Token, (IDENT, text[start:end], start, end))
+            return token
         match = _TOKEN[floats].match(text, self.pos)
         assert match is not None  # the pattern matches "" at least
         kind = match.lastgroup
