@@ -784,10 +784,16 @@ class Parser:
         stack: list[_Stage] = []
         while True:
             node = self.parse_next()
+            if not stack:
+                # One operand and no operator after it (most expressions): what
+                # parse_operator, _push and the pop below would give.
+                scanner = self.scanner
+                following = scanner.scan()
+                scanner.unread()
+                if following.kind not in OPERATOR_CHARS:
+                    self.depth -= 1
+                    return node
             stage = self.parse_operator(stack, node)
-            if stage.op is None and not stack:  # (what _push and the pop below would give)
-                self.depth -= 1
-                return stage.node
             self._push(stack, stage)
             if stack[-1].op is None:
                 self.depth -= 1
