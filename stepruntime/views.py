@@ -231,7 +231,11 @@ class StepOutputView(StepView):
         body = self.json_body()
         if not isinstance(body, dict) or not isinstance(body.get("sensitive", False), bool):
             raise Unprocessable('The body is `{"sensitive": true|false}`.')
-        if not self.step.put_output_metadata(output, {"sensitive": body.get("sensitive", False)}):
+        try:
+            kept = self.step.put_output_metadata(output, {"sensitive": body.get("sensitive", False)})
+        except OverBudget as exc:
+            raise _over_budget(exc) from None
+        if not kept:
             raise self.ended()
         return Response(status=status.HTTP_201_CREATED)
 
