@@ -5,12 +5,15 @@ and for documents made to cost as much as they can (expressions that double a va
     .venv/bin/python bench/validate.py [--repeat 3]
 
 Prints, for each document, its size, the median wall time and CPU time of `--repeat`
-validations in this process, and what validation said. Wall time depends on the machine's
-load; CPU time (this process's) much less. No database or service is needed: the budgets are
-the settings' defaults (workflows/dialect/budget.py).
+validations in this process, the floor (the CPU time of PyYAML's C loader, `yaml.load` with
+CSafeLoader, on the same text: reading it, nothing more) and the ratio of the two, and what
+validation said. Wall time depends on the machine's load; CPU time (this process's) much
+less, and the ratio least: compare ratios between runs made at different times. No database
+or service is needed: the budgets are the settings' defaults (workflows/dialect/budget.py).
 """
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -19,8 +22,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "relay.settings")
+os.environ.setdefault("DEBUG", "1")  # its defaults for keys; no database or service is used
 
-from workflows.dialect.validate import validate  # noqa: E402
+import django  # noqa: E402
+import yaml  # noqa: E402
+
+django.setup()  # the settings' defaults (SCHEDULES_PER_WORKFLOW, EXPRESSION_*)
+
+from workflows.dialect.validate import Validation, validate  # noqa: E402
 
 LIMIT = 1024 * 1024
 NESTED = "jsonMarshal(" * 24 + "'\"'" + ")" * 24  # the issue's: each level doubles the text
@@ -79,29 +89,44 @@ DOCUMENTS: dict[str, str] = {
 }
 
 
-def measure(text: str, repeat: int) -> tuple[float, float, str]:
+def cpu_of(run: Callable[[], object], repeat: int) -> tuple[float, float, object]:
+    """The median wall and CPU seconds of `repeat` calls, and the last call's result."""
     walls, cpus = [], []
     for _ in range(repeat):
         wall, cpu = time.perf_counter(), time.process_time()
-        result = validate(text)
+        result = run()
         walls.append(time.perf_counter() - wall)
         cpus.append(time.process_time() - cpu)
+    return statistics.median(walls), statistics.median(cpus), result
+
+
+def floor(text: str, repeat: int) -> float:
+    """CPU seconds of PyYAML's C loader reading the same text (no validation at all): the
+    floor, measured in the same minutes, so that figures compare across loads and machines."""
+    return cpu_of(lambda: yaml.load(text, Loader=yaml.CSafeLoader), repeat)[1]
+
+
+def measure(text: str, repeat: int) -> tuple[float, float, str]:
+    wall, cpu, result = cpu_of(lambda: validate(text), repeat)
+    assert isinstance(result, Validation)
     if result.valid:
         said = "valid"
     else:
         budget = sum("over the evaluation budget" in p.detail for p in result.problems)
         said = f"{len(result.problems)} problems ({budget} over the budget)"
-    return statistics.median(walls), statistics.median(cpus), said
+    return wall, cpu, said
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    print(f"{'document':55} {'bytes':>9} {'wall s':>7} {'cpu s':>7}  result")
+    print(f"{'document':55} {'bytes':>9} {'wall s':>7} {'cpu s':>7} {'floor s':>7} {'/floor':>6}  result")
     for name, text in DOCUMENTS.items():
         wall, cpu, said = measure(text, args.repeat)
-        print(f"{name:55} {len(text.encode()):9,} {wall:7.3f} {cpu:7.3f}  {said}")
+        least = floor(text, args.repeat)
+        figures = f"{wall:7.3f} {cpu:7.3f} {least:7.3f} {cpu / least:6.1f}"
+        print(f"{name:55} {len(text.encode()):9,} {figures}  {said}")
 
 
 if __name__ == "__main__":

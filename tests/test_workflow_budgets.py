@@ -3,6 +3,7 @@ built; numbers too large for a float64 never raise out of the engine. On the dia
 on a live server (validate, save, run start, the step runtime's /spec) and on real Celery
 workers (a step's `when` and spec at run time)."""
 
+import gc
 import time
 from datetime import timedelta
 
@@ -136,6 +137,28 @@ def test_a_document_of_many_bombs_names_each_and_stays_quick():
         p.detail.startswith("This expression is over the evaluation budget: ") for p in result.problems
     )
     assert seconds < 5
+
+
+def test_what_a_validation_made_is_freed_without_the_cycle_collector():
+    """A document's validation leaves no cycles behind: before, the cycle check's recursive
+    closure held the checker (every parsed template), and a dry run over the budget kept its
+    error, whose traceback held every frame and value the evaluation built, until the
+    collector ran (800,000 objects for a 1 MiB document, 0.3 s of collection)."""
+    shapes = [f"    y{i}: ${{concat('a', toString({i}))}}\n" for i in range(50)]
+    shapes += [f"    x{i}: {quoted(f'{i} ' + '|> [$, $] ' * 40)}\n" for i in range(3)]
+    text = f"apiVersion: v1\nsteps:\n- name: a\n  image: {NOOP}\n  spec:\n{''.join(shapes)}"
+    gc.collect()
+    gc.disable()
+    try:
+        result = validate(text)
+        assert not gc.isenabled()  # validation leaves the collector as it found it
+        left = gc.collect()
+    finally:
+        gc.enable()
+    assert [p.pointer for p in result.problems] == [f"#/steps/0/spec/x{i}" for i in range(3)]
+    assert left < 100, f"{left} objects were left in cycles"
+    validate(text)
+    assert gc.isenabled()
 
 
 def test_a_pipe_s_input_is_not_data_so_its_expression_is_checked():

@@ -326,6 +326,10 @@ def test_operators_follow_gval(text: str, value: Any) -> None:
         ("0x1F", "cannot read the number"),
         ("'unterminated", "not terminated"),
         ("f(a : 1)", "expected ',' or ')'"),
+        # Digits are ASCII (Go's isDecimal): other digits are characters of their own, an error.
+        ("\u00b2", "unexpected '\u00b2' while scanning an expression"),
+        ("1 + .\u0663", "unexpected '.' while scanning an expression"),
+        ("a.\u0663", "unexpected '\u0663' while scanning an expression"),
     ],
 )
 def test_expressions_that_cannot_be_parsed(text: str, error: str) -> None:

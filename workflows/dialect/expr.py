@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from workflows.dialect.budget import Budget
 from workflows.dialect.errors import (
@@ -65,6 +65,7 @@ MAX_NESTING = 64
 
 IDENT, NUMBER, STRING, CHAR, RAW, EOF = "ident", "number", "string", "char", "raw", "eof"
 OPERATOR_CHARS = set("+-*/%><=!^&|~")
+_OPERATOR_RUN = re.compile(r"[-+*/%><=!^&|~]*")
 _NUMBER = re.compile(
     r"0[xX][0-9a-fA-F_]*(?:\.[0-9a-fA-F_]*)?(?:[pP][+-]?[0-9_]+)?|0[bBoO][0-9_]*"
     r"|(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)(?:[eE][+-]?[0-9_]+)?"
@@ -72,8 +73,34 @@ _NUMBER = re.compile(
 _INT = re.compile(r"0[xXbBoO][0-9a-fA-F_]*|[0-9][0-9_]*")
 
 
-@dataclass(frozen=True)
-class Token:
+# One compiled pattern reads the space before a token and the common tokens in ASCII (a
+# 1 MiB document holds some 600,000 tokens); the character-by-character rules below take the
+# rest (names in other alphabets, strings that do not end, single characters), and say the
+# same for ASCII. `floats`: whether `1.5` is one number (not after a path's `.`).
+_SPACE = r"(?:[ \t\n\r]+|//[^\n]*|/\*.*?(?:\*/|\Z))*"
+_COMMON = (
+    r"(?P<ident>[A-Za-z_][A-Za-z0-9_-]*)|(?P<number>{number})"
+    r"""|(?P<string>"(?:[^"\\\n]|\\[^\n])*")|(?P<char>'(?:[^'\\\n]|\\[^\n])*')|(?P<raw>`[^`]*`)"""
+)
+_TOKEN = {
+    floats: re.compile(f"{_SPACE}(?:{_COMMON.format(number=number.pattern)})?", re.DOTALL)
+    for floats, number in ((True, _NUMBER), (False, _INT))
+}
+
+
+# ASCII characters that are tokens of their own (letters, `_` and digits start names and
+# numbers, quotes strings; the pattern reads those).
+_PUNCTUATION = frozenset(chr(c) for c in range(128)) - frozenset(
+    "_\"'`0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+)
+
+_ASCII_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+_NAME_START = frozenset("_abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+# Those that cannot begin a space, a comment or a number either (`.5`): read as they are.
+_SINGLE = _PUNCTUATION - frozenset(" \t\n\r/.")
+
+
+class Token(NamedTuple):
     kind: str  # one of the kinds above, or the character itself ("(", "+", ...)
     text: str
     start: int
@@ -84,12 +111,11 @@ def _is_ident_start(char: str) -> bool:
     return char == "_" or char.isalpha()
 
 
-def _is_decimal(char: str) -> bool:
-    return "0" <= char <= "9"
-
-
 def _is_ident_part(char: str) -> bool:
     return char in "_-" or char.isalpha() or char.isdigit()
+
+
+_new_token = tuple.__new__  # Token(...) without NamedTuple's Python-level __new__
 
 
 class Scanner:
@@ -104,8 +130,43 @@ class Scanner:
             token, self.pushed = self.pushed, None
             self.last = token
             return token
-        self.last = self._scan(floats)
-        return self.last
+        text, start = self.text, self.pos
+        char = text[start : start + 1]
+        if char == " ":
+            start += 1
+            char = text[start : start + 1]
+        if char in _SINGLE:  # most tokens: read without the pattern
+            self.pos = start + 1
+            token = self.last = _new_token(Token, (char, char, start, start + 1))
+            return token
+        if char in _NAME_START:
+            end = _ASCII_IDENT.match(text, start).end()  # type: ignore[union-attr]  # it matches `char`
+            if end < len(text) and not text[end].isascii():
+                while end < len(text) and _is_ident_part(text[end]):  # a name going on in another alphabet
+                    end += 1
+            self.pos = end
+            token = self.last = _new_token(Token, (IDENT, text[start:end], start, end))
+            return token
+        match = _TOKEN[floats].match(text, self.pos)
+        assert match is not None  # the pattern matches "" at least
+        kind = match.lastgroup
+        if kind is None:
+            start = match.end()
+            char = text[start : start + 1]
+            if char in _PUNCTUATION:  # a character that is its own token
+                self.pos = start + 1
+                token = _new_token(Token, (char, char, start, start + 1))
+            else:
+                token = self._other(start)
+        else:
+            start, end = match.span(kind)
+            if kind == IDENT and end < len(text) and not text[end].isascii():
+                while end < len(text) and _is_ident_part(text[end]):  # a name going on in another alphabet
+                    end += 1
+            self.pos = end
+            token = _new_token(Token, (kind, text[start:end], start, end))
+        self.last = token
+        return token
 
     def unread(self) -> None:
         """gval's Camouflage: the next scan returns the last token again."""
@@ -120,56 +181,26 @@ class Scanner:
         self.pos += len(char)
         return char
 
-    def _skip(self) -> None:
+    def _other(self, start: int) -> Token:
+        """The token at `start` that the common pattern does not read."""
         text = self.text
-        while self.pos < len(text):
-            char = text[self.pos]
-            if char in " \t\n\r":
-                self.pos += 1
-            elif text.startswith("//", self.pos):
-                end = text.find("\n", self.pos)
-                self.pos = len(text) if end < 0 else end
-            elif text.startswith("/*", self.pos):
-                end = text.find("*/", self.pos + 2)
-                self.pos = len(text) if end < 0 else end + 2
-            else:
-                return
-
-    def _scan(self, floats: bool) -> Token:
-        self._skip()
-        text, start = self.text, self.pos
+        self.pos = start
         if start >= len(text):
             return Token(EOF, "", start, start)
         char = text[start]
-        if _is_ident_start(char):
-            end = start + 1
+        end = start + 1
+        if _is_ident_start(char):  # not ASCII
             while end < len(text) and _is_ident_part(text[end]):
                 end += 1
-            return self._token(IDENT, start, end)
-        # ASCII digits only, as Go's scanner: str.isdigit() takes `²` and `٣`, which no number
-        # pattern matches (a failed assertion, a 500 from /spec?q=²).
-        if _is_decimal(char) or (
-            floats and char == "." and start + 1 < len(text) and _is_decimal(text[start + 1])
-        ):
-            match = (_NUMBER if floats else _INT).match(text, start)
-            assert match is not None
-            return self._token(NUMBER, start, match.end())
-        if char in "\"'`":
-            end = start + 1
-            while end < len(text) and text[end] != char:
-                if char != "`" and text[end] == "\\":
-                    end += 1
-                if char != "`" and end < len(text) and text[end] == "\n":
-                    raise ExpressionError(f"string literal not terminated at column {start + 1}")
-                end += 1
-            if end >= len(text):
-                raise ExpressionError(f"string literal not terminated at column {start + 1}")
-            return self._token({'"': STRING, "'": CHAR, "`": RAW}[char], start, end + 1)
-        return self._token(char, start, start + 1)
-
-    def _token(self, kind: str, start: int, end: int) -> Token:
+            kind = IDENT
+        elif char in "\"'`":
+            # No closing quote (or a line break before it; a backquote's string may hold them).
+            raise ExpressionError(f"string literal not terminated at column {start + 1}")
+        else:
+            # Digits are ASCII, as Go's isDecimal: `²` or `٣` is a character of its own (an error).
+            kind = char
         self.pos = end
-        return Token(kind, self.text[start:end], start, end)
+        return Token(kind, text[start:end], start, end)
 
 
 def describe(token: Token) -> str:
@@ -753,6 +784,15 @@ class Parser:
         stack: list[_Stage] = []
         while True:
             node = self.parse_next()
+            if not stack:
+                # One operand and no operator after it (most expressions): what
+                # parse_operator, _push and the pop below would give.
+                scanner = self.scanner
+                following = scanner.scan()
+                scanner.unread()
+                if following.kind not in OPERATOR_CHARS:
+                    self.depth -= 1
+                    return node
             stage = self.parse_operator(stack, node)
             self._push(stack, stage)
             if stack[-1].op is None:
@@ -889,8 +929,11 @@ class Parser:
                 self.scanner.unread()
                 return _Stage(node)
             op = token.kind
-            while self.scanner.peek_char() in OPERATOR_CHARS and self.scanner.peek_char():
-                op += self.scanner.next_char()
+            scanner = self.scanner
+            more = _OPERATOR_RUN.match(scanner.text, scanner.pos).end() - scanner.pos  # type: ignore[union-attr]
+            if more:  # the operator characters right after it (no space between)
+                op += scanner.text[scanner.pos : scanner.pos + more]
+                scanner.pos += more
             if op in PRECEDENCE:
                 return _Stage(node, op, PRECEDENCE[op])
             if op == "|>":

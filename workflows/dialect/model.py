@@ -310,8 +310,8 @@ def combine_list(results: list[Result | None]) -> Result:
     combined = Result([])
     for r in results:
         combined.value.append(None if r is None else r.value)
-        if r is not None:
-            combined.unresolvable.extend(r.unresolvable)
+        if r is not None and r._unresolvable:  # (most need nothing: no Unresolvable made)
+            combined.unresolvable.extend(r._unresolvable)
     return combined
 
 
@@ -319,5 +319,6 @@ def combine_map(results: dict[str, Result]) -> Result:
     combined = Result({})
     for key, r in results.items():
         combined.value[key] = r.value
-        combined.unresolvable.extend(r.unresolvable)
+        if r._unresolvable:
+            combined.unresolvable.extend(r._unresolvable)
     return combined

@@ -18,14 +18,18 @@ parameters, where no step here may refer to it: `datadog-to-slack` binds `eventD
 is left out of the trigger's binding.
 """
 
+import gc
 import json
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from copy import deepcopy
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import jsonschema_rs
 from django.conf import settings
 from jsonschema import Draft7Validator, FormatChecker, ValidationError
 
@@ -55,6 +59,10 @@ def _is_uri(value: object) -> bool:
 
 
 VALIDATOR = Draft7Validator(SCHEMA, format_checker=_formats)
+# The same schema and format check in Rust (about fifty times faster): it answers whether a
+# document passes, and only a document it refuses is walked by VALIDATOR for the errors'
+# wording. What it cannot take (NaN, a lone surrogate) also goes to VALIDATOR.
+FAST_VALIDATOR = jsonschema_rs.Draft7Validator(SCHEMA, formats={"uri": _is_uri}, validate_formats=True)
 FUNCTION_NAMES = ", ".join(sorted(LIBRARY))
 
 
@@ -73,6 +81,13 @@ def validate(text: str, *, stored: bool = False) -> Validation:
     """The workflow, or the problems that make the document invalid (with their places).
     `stored`: a revision saved before (the engine reads those), whose budgets (schedule
     triggers per workflow) are not checked again, so that lowering one stops no run."""
+    with _without_cycle_collection():
+        return _validate(text, stored=stored)
+
+
+def _validate(text: str, *, stored: bool) -> Validation:
+    # (A function of its own, so that what it made and drops is freed before the collector
+    # resumes: otherwise its first run would walk all of it.)
     try:
         document = load(text)
     except DocumentError as exc:
@@ -81,6 +96,35 @@ def validate(text: str, *, stored: bool = False) -> Validation:
     if problems:
         return Validation(None, problems)
     return _Checker(document, budgets=not stored).run()
+
+
+_collection_lock = threading.Lock()
+_collection_paused = 0  # validations under way that paused it
+_collection_was_enabled = False
+
+
+@contextmanager
+def _without_cycle_collection() -> Iterator[None]:
+    """Python's cycle collector paused while a document is validated. A 1 MiB document
+    becomes some 300,000 objects that all stay alive until the end, and the collector walks
+    every live object of the process again and again as they are made: that was half of the
+    time. Nothing is left uncollected: what validation drops is freed by reference counts,
+    and the few cycles it may leave are collected as soon as the collector runs again. The
+    work itself is bounded (the document's size, the expression budgets). The pause is for
+    the whole process, so it is counted: the last validation to end resumes it."""
+    global _collection_paused, _collection_was_enabled
+    with _collection_lock:
+        if _collection_paused == 0:
+            _collection_was_enabled = gc.isenabled()
+            gc.disable()
+        _collection_paused += 1
+    try:
+        yield
+    finally:
+        with _collection_lock:
+            _collection_paused -= 1
+            if _collection_paused == 0 and _collection_was_enabled:
+                gc.enable()
 
 
 def parse(text: str, *, stored: bool = False) -> Workflow:
@@ -126,11 +170,20 @@ def _pointer(path: Iterator[Any] | Any) -> str:
 
 
 def schema_problems(document: Document) -> list[Problem]:
+    if _passes_fast(document.raw):
+        return []
     problems: list[Problem] = []
     for error in sorted(VALIDATOR.iter_errors(document.raw), key=lambda e: [str(p) for p in e.absolute_path]):
         for pointer, detail in _describe(error):
             problems.append(document.problem(pointer, detail))
     return list(dict.fromkeys(problems))
+
+
+def _passes_fast(raw: Any) -> bool:
+    try:
+        return FAST_VALIDATOR.is_valid(raw)
+    except Exception:  # a value Rust's JSON cannot hold (a lone surrogate): VALIDATOR judges it
+        return False
 
 
 def _describe(error: ValidationError) -> list[tuple[str, str]]:
@@ -231,6 +284,8 @@ class _Checker:
         # What every dry run of the document spends, together, and what each text found.
         self.budget = Budget.for_validation()
         self.dry_runs: dict[tuple[bool, str], tuple[str, str] | None] = {}
+        # Each template's expressions with their calls and data paths, found once per text.
+        self.template_nodes: dict[tuple[bool, str], list[tuple[expr.Expression, list[expr.Node]]]] = {}
         self.references: dict[str, set[Any]] = {
             "parameters": set(),
             "secrets": set(),
@@ -430,6 +485,9 @@ class _Checker:
         pointers = {step.name: step.pointer for step in steps}
         state: dict[str, int] = {}  # 1: on the path, 2: done
         reported: set[frozenset[str]] = set()
+        # The problems, made after the walk: `visit` refers to itself, a cycle that only the
+        # cycle collector frees, which must not hold this checker (and all it parsed).
+        found: list[tuple[str, str]] = []
 
         def visit(name: str, path: list[str]) -> None:
             state[name] = 1
@@ -442,10 +500,12 @@ class _Checker:
                     if frozenset(cycle) not in reported:
                         reported.add(frozenset(cycle))
                         shown = " → ".join([*reversed(cycle), cycle[-1]])
-                        self.error(
-                            pointers[before],
-                            f"The steps wait for each other in a cycle: {shown} "
-                            "(through dependsOn and references to outputs or statuses).",
+                        found.append(
+                            (
+                                pointers[before],
+                                f"The steps wait for each other in a cycle: {shown} "
+                                "(through dependsOn and references to outputs or statuses).",
+                            )
                         )
                 elif before not in state:
                     visit(before, path)
@@ -455,6 +515,8 @@ class _Checker:
         for step in steps:
             if step.name not in state:
                 visit(step.name, [])
+        for pointer, detail in found:
+            self.error(pointer, detail)
 
     # Expressions ------------------------------------------------------------------------------
 
@@ -484,15 +546,9 @@ class _Checker:
         try:
             self.evaluators[in_trigger].evaluate(Context(budget=self.budget), tree, -1)
         except EvaluationError as exc:
-            over = exceeded(exc)
-            if over is not None:
-                return pointer, f"This expression is over the evaluation budget: {over}."
-            # The evaluator names the path under `tree` where it failed.
-            error: BaseException = exc
-            while isinstance(error, PathError):
-                pointer = child_pointer(pointer, error.path)
-                error = error.cause
-            return pointer, f"This expression fails whatever the data: {error}."
+            # (Read in a function of its own: a local of this frame holding the error would
+            # hold, through its traceback, every frame and value of the failed evaluation.)
+            return _dry_run_failure(exc, pointer)
         except RecursionError:
             return pointer, "This expression nests too deeply."
         return None
@@ -501,10 +557,9 @@ class _Checker:
         if isinstance(tree, str):
             if "$" not in tree:
                 return True
-            template = self.evaluators[in_trigger].template(tree)
             # A path in a pipe's right side reads the pipe's input, not the data.
             return not any(
-                isinstance(n, expr.Var) for e in template.expressions for n in _environment_nodes(e.node)
+                isinstance(n, expr.Var) for _, nodes in self._template_nodes(tree, in_trigger) for n in nodes
             )
         if isinstance(tree, list):
             return all(self._constant(item, in_trigger) for item in tree)
@@ -638,21 +693,31 @@ class _Checker:
 
     def _check_template(self, text: str, pointer: str, found: "_Found", in_trigger: bool) -> None:
         try:
-            template = self.evaluators[in_trigger].template(text)
+            expressions = self._template_nodes(text, in_trigger)
         except ExpressionError as exc:
             self.error(pointer, f"The expression cannot be read: {exc}.")
             return
         except RecursionError:
             self.error(pointer, "The expression nests too deeply.")
             return
-        for expression in template.expressions:
-            for node in _environment_nodes(expression.node):
+        for expression, nodes in expressions:
+            for node in nodes:
                 if isinstance(node, expr.Call):
                     self._check_function(node.name, pointer)
                     self._check_arity(node.name, node.args, pointer)
                     continue
                 assert isinstance(node, expr.Var)
                 self._template_reference(node, expression.source, pointer, found, in_trigger)
+
+    def _template_nodes(self, text: str, in_trigger: bool) -> list[tuple[expr.Expression, list[expr.Node]]]:
+        """The template's expressions, each with its calls and the paths that read data
+        (_environment_nodes), worked out once per text: a document repeats its strings, and
+        each is checked, then judged constant or not. Raises ExpressionError."""
+        key = (in_trigger, text)
+        if key not in self.template_nodes:
+            template = self.evaluators[in_trigger].template(text)
+            self.template_nodes[key] = [(e, _environment_nodes(e.node)) for e in template.expressions]
+        return self.template_nodes[key]
 
     def _template_reference(
         self, node: expr.Var, source: str, pointer: str, found: "_Found", in_trigger: bool
@@ -694,6 +759,19 @@ class _Found:
     statuses: list[tuple[str, str]] = field(default_factory=list)
 
 
+def _dry_run_failure(exc: EvaluationError, pointer: str) -> tuple[str, str]:
+    """(the pointer under the evaluated tree, the problem) of a failed dry run."""
+    over = exceeded(exc)
+    if over is not None:
+        return pointer, f"This expression is over the evaluation budget: {over}."
+    # The evaluator names the path under `tree` where it failed.
+    error: BaseException = exc
+    while isinstance(error, PathError):
+        pointer = child_pointer(pointer, error.path)
+        error = error.cause
+    return pointer, f"This expression fails whatever the data: {error}."
+
+
 def _invocation_arguments(value: Any) -> list[Any] | dict[str, Any]:
     """How relay-core passes a `$fn.` map's value: a list positionally, a plain map by
     keyword, anything else (a reference, a template, a scalar) as the one argument."""
@@ -705,24 +783,37 @@ def _invocation_arguments(value: Any) -> list[Any] | dict[str, Any]:
     return [value]
 
 
-def _environment_nodes(node: expr.Node) -> Iterator[expr.Node]:
+def _environment_nodes(node: expr.Node) -> list[expr.Node]:
     """Function calls, and paths that start at the template's data (not a pipe's input).
     (A loop, not nested generators, which are quadratic in the depth of the tree.)"""
+    found: list[expr.Node] = []
     pending: list[tuple[expr.Node, bool]] = [(node, True)]  # (node, whether to look under it)
     while pending:
         current, under = pending.pop()
-        if isinstance(current, expr.Var | expr.Call):
-            yield current
+        if isinstance(current, (expr.Var, expr.Call)):
+            found.append(current)
         if not under:
             continue
         if isinstance(current, expr.Pipe):
             # The right side reads the pipe's input: only its calls matter here, after the
             # left side's nodes.
-            calls = [inner for inner in expr.walk(current.right) if isinstance(inner, expr.Call)]
-            pending.extend((call, False) for call in reversed(calls))
+            calls: list[tuple[expr.Node, bool]] = []
+            under_right = [current.right]  # (expr.walk's order, without its generator)
+            while under_right:
+                inner = under_right.pop()
+                if isinstance(inner, expr.Call):
+                    calls.append((inner, False))
+                nodes = list(inner.children())
+                nodes.reverse()
+                under_right += nodes
+            calls.reverse()
+            pending += calls
             pending.append((current.left, True))
             continue
-        pending.extend((child, True) for child in reversed(list(current.children())))
+        children = [(child, True) for child in current.children()]
+        children.reverse()
+        pending += children
+    return found
 
 
 def _container(raw: dict[str, Any]) -> Container:

@@ -17,7 +17,7 @@ Two trees come out of one document:
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -35,16 +35,30 @@ FN_TAG_PREFIX = "!Fn."
 REFERENCE_TAGS = ("!Parameter", "!Secret", "!Connection", "!Output", "!Data", "!Answer", "!Status")
 
 
-@dataclass
 class Node:
-    kind: str  # "scalar", "sequence", "mapping"
-    tag: str  # short form: "" (none), "!" (non-specific), "!!str", "!Parameter", ...
-    line: int
-    column: int
-    value: str = ""
-    plain: bool = False  # a plain (unquoted, not block) scalar
-    items: list["Node"] = field(default_factory=list)
-    pairs: list[tuple["Node", "Node"]] = field(default_factory=list)
+    """One node of the document (a class with slots: a 1 MiB document has 100,000 of them)."""
+
+    __slots__ = ("column", "items", "kind", "line", "pairs", "plain", "tag", "value")
+
+    def __init__(
+        self,
+        kind: str,  # "scalar", "sequence", "mapping"
+        tag: str,  # short form: "" (none), "!" (non-specific), "!!str", "!Parameter", ...
+        line: int,
+        column: int,
+        value: str = "",
+        plain: bool = False,  # a plain (unquoted, not block) scalar
+        items: list["Node"] | None = None,
+        pairs: list[tuple["Node", "Node"]] | None = None,
+    ) -> None:
+        self.kind = kind
+        self.tag = tag
+        self.line = line
+        self.column = column
+        self.value = value
+        self.plain = plain
+        self.items: list[Node] = [] if items is None else items
+        self.pairs: list[tuple[Node, Node]] = [] if pairs is None else pairs
 
 
 @dataclass(frozen=True)
@@ -89,26 +103,38 @@ def compose(text: str) -> Node | None:
     if len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
         raise _Stop(f"The document is over {MAX_BYTES} bytes.")
     loader = yaml.CSafeLoader(text) if yaml.__with_libyaml__ else yaml.SafeLoader(text)
+    get_event = loader.get_event
     anchors: dict[str, Node] = {}
     stack: list[tuple[Node, str | None, list[Node]]] = []  # node, anchor, pending mapping key
     root: Node | None = None
     documents = 0
+    # One pass over libyaml's events, dispatched on their exact classes (what both loaders make).
     try:
-        while loader.check_event():
-            event = loader.get_event()
+        while True:
+            event = get_event()
+            kind = type(event)
             mark = event.start_mark
             line, column = (mark.line + 1, mark.column + 1) if mark is not None else (0, 0)
-            if isinstance(event, yaml.DocumentStartEvent):
-                documents += 1
-                if documents > 1:
+            if kind is yaml.ScalarEvent:
+                if "\x00" in event.value:  # from a "\0" escape: PostgreSQL keeps no NUL in text
                     raise _Stop(
-                        "A workflow is one YAML document; remove the second one (after '---').", line, column
+                        "A string holds a NUL character (U+0000), which cannot be stored.", line, column
                     )
+                plain = event.style in (None, "")
+                node = Node("scalar", _short_tag(event.tag), line, column, event.value, plain)
+                if event.anchor:
+                    anchors[event.anchor] = node
+            elif kind is yaml.MappingStartEvent or kind is yaml.SequenceStartEvent:
+                if len(stack) >= MAX_DEPTH:
+                    raise _Stop(f"The document nests deeper than {MAX_DEPTH} levels.", line, column)
+                collection = "mapping" if kind is yaml.MappingStartEvent else "sequence"
+                stack.append((Node(collection, _short_tag(event.tag), line, column), event.anchor, []))
                 continue
-            if isinstance(event, (yaml.StreamStartEvent, yaml.StreamEndEvent, yaml.DocumentEndEvent)):
-                continue
-            node: Node | None = None
-            if isinstance(event, yaml.AliasEvent):
+            elif kind is yaml.MappingEndEvent or kind is yaml.SequenceEndEvent:
+                node, anchor, _ = stack.pop()
+                if anchor:
+                    anchors[anchor] = node
+            elif kind is yaml.AliasEvent:
                 if event.anchor not in anchors:
                     raise _Stop(
                         f"Unknown alias *{event.anchor}: define the anchor &{event.anchor} before.",
@@ -116,32 +142,16 @@ def compose(text: str) -> Node | None:
                         column,
                     )
                 node = anchors[event.anchor]
-            elif isinstance(event, yaml.ScalarEvent):
-                if "\x00" in event.value:  # from a "\0" escape: PostgreSQL keeps no NUL in text
+            elif kind is yaml.DocumentStartEvent:
+                documents += 1
+                if documents > 1:
                     raise _Stop(
-                        "A string holds a NUL character (U+0000), which cannot be stored.", line, column
+                        "A workflow is one YAML document; remove the second one (after '---').", line, column
                     )
-                node = Node(
-                    "scalar",
-                    _short_tag(event.tag),
-                    line,
-                    column,
-                    value=event.value,
-                    plain=event.style in (None, ""),
-                )
-                if event.anchor:
-                    anchors[event.anchor] = node
-            elif isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
-                if len(stack) >= MAX_DEPTH:
-                    raise _Stop(f"The document nests deeper than {MAX_DEPTH} levels.", line, column)
-                kind = "sequence" if isinstance(event, yaml.SequenceStartEvent) else "mapping"
-                stack.append((Node(kind, _short_tag(event.tag), line, column), event.anchor, []))
                 continue
-            elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
-                node, anchor, _ = stack.pop()
-                if anchor:
-                    anchors[anchor] = node
-            if node is None:
+            elif kind is yaml.StreamEndEvent:
+                break
+            else:  # the stream's start, a document's end
                 continue
             if not stack:
                 root = node
