@@ -2,7 +2,7 @@
 the `steps` queue, the engine on its own worker, gunicorn (relay/gunicorn_conf.py) serving
 the runtime API, OpenBao, Redis and PostgreSQL, everything on this machine.
 
-    .venv/bin/python bench/steps.py [--requests 500] [--runs 30] [--parallel 20]
+    .venv/bin/python bench/steps.py [--requests 500] [--runs 30] [--parallel 20] [--only spec]
 
 One function per figure, each printing its own lines:
 - `spec_latency`: the step runtime API's `GET /spec` as a running step calls it (a spec with a
@@ -18,7 +18,8 @@ One function per figure, each printing its own lines:
   run's wall time and each step's own time (its script taken by a worker to its exit), and
   the same step run alone.
 
-It makes its own database (relay_bench_steps) and OpenBao dev server, uses Redis db 13
+`--only spec` prints the first figure alone (no worker starts), `--only sandbox` the others.
+It makes its own database (relay_bench_steps, or `--database`) and OpenBao dev server, uses Redis db 13
 (CELERY_BROKER_URL to change it) under its own key prefix.
 """
 
@@ -231,12 +232,14 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=500, help="requests per /spec figure")
     parser.add_argument("--runs", type=int, default=30, help="steps for the start figure")
     parser.add_argument("--parallel", type=int, default=20, help="steps side by side")
+    parser.add_argument("--only", choices=("spec", "sandbox"), help="those figures alone")
+    parser.add_argument("--database", default="relay_bench_steps", help="made and dropped")
     args = parser.parse_args()
     broker = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/13")
     deployment = "bench-steps"
     port = service.free_port()
     with service.prepared(
-        "relay_bench_steps",
+        args.database,
         ACCESS_LOG="",
         CELERY_BROKER_URL=broker,
         RELAY_DEPLOYMENT_ID=deployment,
@@ -254,7 +257,10 @@ def main() -> None:
         owner = User.objects.get(username="bench")
         connections.close_all()
         with service.gunicorn(env):
-            spec_latency(port, token, args.requests)
+            if args.only != "sandbox":
+                spec_latency(port, token, args.requests)
+            if args.only == "spec":
+                return
             workers = [worker(env, "celery", 2), worker(env, "steps", args.parallel)]
             try:
                 sandbox_start(owner, args)
