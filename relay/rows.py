@@ -20,14 +20,17 @@ Converter = Callable[[Any, Any, BaseDatabaseWrapper], Any]
 
 
 class Columns:
-    """Some of a model's columns (all of its concrete fields by default) as `alias.column`,
-    and a row's values back as Python values or as an instance."""
+    """Some of a model's columns (`names`, else its concrete fields but `exclude`) as
+    `alias.column`, and a row's values back as Python values or as an instance (the fields
+    not read left deferred, as QuerySet.only() leaves them)."""
 
-    def __init__(self, model: type[Model], alias: str, names: Sequence[str] | None = None) -> None:
+    def __init__(
+        self, model: type[Model], alias: str, names: Sequence[str] | None = None, exclude: Sequence[str] = ()
+    ) -> None:
         self.model = model
         self.alias = alias
         self.fields: list[Field] = (
-            list(model._meta.concrete_fields)
+            [field for field in model._meta.concrete_fields if field.name not in exclude]
             if names is None
             else [model._meta.get_field(name) for name in names]  # type: ignore[misc]
         )

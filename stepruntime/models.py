@@ -140,6 +140,10 @@ class _WithStep:
     five-table query as PostgreSQL took to answer it)."""
 
     LINKS = ("step_run", "run", "workflow", "owner")
+    # Left deferred (read when asked for, as .defer() leaves them): what no route of the API
+    # reads from the step's own row, and what may be large (outputs up to
+    # STEP_OUTPUTS_MAX_BYTES, decoded again on every call a step makes: a log line, an event).
+    DEFERRED = {StepRun: ("outputs", "state", "decorators")}
 
     def __init__(self) -> None:
         self.statements: dict[str, str] = {}
@@ -149,7 +153,10 @@ class _WithStep:
         chain: list[type[models.Model]] = [StepCredential]
         for link in self.LINKS:
             chain.append(chain[-1]._meta.get_field(link).related_model)  # the user model when ready
-        return [rows.Columns(model, f"t{i}") for i, model in enumerate(chain)]
+        return [
+            rows.Columns(model, f"t{i}", exclude=self.DEFERRED.get(model, ()))
+            for i, model in enumerate(chain)
+        ]
 
     @functools.cached_property
     def links(self) -> list[models.ForeignKey]:

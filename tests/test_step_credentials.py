@@ -125,6 +125,9 @@ def test_the_lookup_loads_what_select_related_loaded(alice, django_assert_num_qu
         chain = [found, found.step_run, found.step_run.run, found.step_run.run.workflow]
         chain.append(found.step_run.run.workflow.owner)
         assert found.step_run.credential is found
+        # What no route reads of the step's own row, and may be large, is left deferred.
+        assert found.step_run.get_deferred_fields() == {"outputs", "state", "decorators"}
+        assert not any(instance.get_deferred_fields() for instance in chain if instance is not found.step_run)
     expected = [
         orm,
         orm.step_run,
@@ -134,7 +137,7 @@ def test_the_lookup_loads_what_select_related_loaded(alice, django_assert_num_qu
     ]
     for loaded, wanted in zip(chain, expected, strict=True):
         assert type(loaded) is type(wanted)
-        assert _concrete(loaded) == _concrete(wanted)
+        assert _concrete(loaded) == _concrete(wanted)  # (a deferred field read when asked for)
         assert not loaded._state.adding and loaded._state.db == "default"
     assert found.step_run.outputs == {"n": {"deep": [1, "two"]}}  # JSON decoded, as the ORM does
     assert found.reported_status == status
