@@ -2,11 +2,14 @@
 row) and of tokens (the token is shown once, on the page that answers the create or the
 regenerate). And the admin of user API tokens."""
 
+from typing import Any
 from urllib.parse import urlencode
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
-from django.db.models import Model, QuerySet
+from django.core.exceptions import ValidationError
+from django.db.models import JSONField, Model, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
@@ -14,7 +17,32 @@ from django.urls import path, reverse
 from django.views.decorators.debug import sensitive_variables
 
 from relay import tokens, vault
+from relay.api.parsers import RefusedJSON, read_json
 from relay.models import UserToken
+
+
+class StrictJSONFormField(forms.JSONField):
+    """A JSON field of an admin form, read by the API's strict reader: a NUL, a lone
+    surrogate, `1e400`, NaN or nesting past 64 is a form error, not a database error (a 500)."""
+
+    def to_python(self, value: Any) -> Any:
+        if self.disabled or not isinstance(value, str) or value in self.empty_values:
+            return super().to_python(value)
+        try:
+            converted = read_json(value.encode("utf-8", "surrogatepass"))
+        except RefusedJSON as exc:
+            raise ValidationError(str(exc), code="invalid") from None
+        return forms.fields.JSONString(converted) if isinstance(converted, str) else converted
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        # The form shown again with its error shows the text as typed (Django's own would
+        # parse it again, unbounded, and render a lone surrogate it cannot encode).
+        if self.disabled or not isinstance(data, str):
+            return super().bound_data(data, initial)
+        try:
+            return read_json(data.encode("utf-8", "surrogatepass"))
+        except RefusedJSON:
+            return forms.fields.InvalidJSONInput(data)
 
 
 class RevealTokenOnceAdmin(admin.ModelAdmin):
@@ -67,6 +95,7 @@ class OwnedAdmin(admin.ModelAdmin):
 
     search_fields = ["name", "description", "owner__username"]
     autocomplete_fields = ["owner"]
+    formfield_overrides = {JSONField: {"form_class": StrictJSONFormField}}
     # What the add form asks for; the change form shows these and readonly_fields.
     editable_fields: tuple[str, ...] = ("name", "description", "owner")
     # Fields of the add form kept when Vault fails and the form is shown again.

@@ -90,6 +90,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "relay.middleware.ControlCharacterPathMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -411,6 +412,9 @@ STEP_LOG_MAX_BYTES = env.int("STEP_LOG_MAX_BYTES", default=4 * 1024 * 1024)
 STEP_EVENTS_MAX = env.int("STEP_EVENTS_MAX", default=100)
 STEP_EVENTS_MAX_BYTES = env.int("STEP_EVENTS_MAX_BYTES", default=4 * 1024 * 1024)
 STEP_DECORATORS_MAX_BYTES = env.int("STEP_DECORATORS_MAX_BYTES", default=64 * 1024)
+# What a step says of its outputs (PUT /outputs/{name}/metadata, before or after the value:
+# any name, so without a budget its count would have none).
+STEP_OUTPUT_METADATA_MAX_BYTES = env.int("STEP_OUTPUT_METADATA_MAX_BYTES", default=256 * 1024)
 # Parsed workflow documents each process keeps (workflows.engine.parsed), weighed by what
 # each holds in memory (1 to 12 times the document's text; README "Budgets").
 PARSED_CACHE_MAX_BYTES = env.int("PARSED_CACHE_MAX_BYTES", default=64 * 1024 * 1024)

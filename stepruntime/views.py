@@ -5,7 +5,6 @@ Bodies and status codes are relay-core's; its errors (422 for a body or expressi
 use, 404, 401) are RFC 9457 problem documents here, with relay-core's error names as codes.
 """
 
-import json
 import uuid
 from typing import Any
 
@@ -20,7 +19,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from relay.api.exceptions import PayloadTooLarge, TooManyRequests
-from relay.api.parsers import check_nesting, read_bounded
+from relay.api.parsers import RefusedJSON, check_storable, read_bounded, read_json
 from relay.api.views import NO_STORE
 from stepruntime import services
 from stepruntime.authentication import StepCredentialAuthentication
@@ -80,20 +79,24 @@ class StepView(APIView):
         return self.request.content_type.split(";", 1)[0].strip().lower()
 
     def json_body(self) -> Any:
-        body = self.body()
         try:
-            check_nesting(body)
-            return json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
-        except (ValueError, UnicodeDecodeError, exceptions.ParseError) as exc:
+            return read_json(self.body())
+        except RefusedJSON as exc:
             raise Unprocessable(f"The request body you provided could not be deserialized: {exc}") from None
+
+    def text_body(self, what: str) -> str:
+        try:
+            text = self.body().decode("utf-8")
+            check_storable(text)
+        except UnicodeDecodeError:
+            raise Unprocessable(f"The {what} is not UTF-8 text.") from None
+        except RefusedJSON as exc:
+            raise Unprocessable(f"The {what} cannot be stored: {exc.detail}") from None
+        return text
 
     def ended(self) -> exceptions.AuthenticationFailed:
         """The step ended while this request was on its way."""
         return exceptions.AuthenticationFailed("The step's credential has expired: the step has ended.")
-
-
-def _refuse_constant(name: str) -> None:
-    raise ValueError(f"{name} is not JSON")
 
 
 def _name(value: str, what: str) -> str:
@@ -183,10 +186,7 @@ class OutputView(StepView):
         if media_type == "application/json":
             value = self.json_body()
         elif media_type in ("text/plain", "application/octet-stream", ""):
-            try:
-                value = self.body().decode("utf-8")
-            except UnicodeDecodeError:
-                raise Unprocessable("The output is not UTF-8 text.") from None
+            value = self.text_body("output")
         else:
             raise Unprocessable(
                 f"We don't know how to decode a request body with media type {media_type}.",
@@ -231,7 +231,11 @@ class StepOutputView(StepView):
         body = self.json_body()
         if not isinstance(body, dict) or not isinstance(body.get("sensitive", False), bool):
             raise Unprocessable('The body is `{"sensitive": true|false}`.')
-        if not self.step.put_output_metadata(output, {"sensitive": body.get("sensitive", False)}):
+        try:
+            kept = self.step.put_output_metadata(output, {"sensitive": body.get("sensitive", False)})
+        except OverBudget as exc:
+            raise _over_budget(exc) from None
+        if not kept:
             raise self.ended()
         return Response(status=status.HTTP_201_CREATED)
 

@@ -189,3 +189,14 @@ def test_a_nul_in_a_push_key_or_run_id_is_202_and_kept_as_the_worker_keeps_it(tr
     event = Event.objects.get(pk=response.json()["id"])
     assert (event.key, event.transaction_uuid) == ("a\ufffdb", "run\ufffdx")
     assert post(token, body + b" ", "application/json").json()["id"] == str(event.pk)
+
+
+def test_a_lone_surrogate_in_a_push_key_or_run_id_is_202_and_kept_as_the_worker_keeps_it(trigger):
+    """A push door stores first and reads later (a report may be large): what the database
+    cannot keep of what it peeks at becomes U+FFFD, as a NUL does. It was a 500."""
+    _, token = trigger
+    body = b'{"data": {"host": "h", "transaction_uuid": "run\\ud800x"}, "key": "a\\udc00b"}'
+    response = post(token, body, "application/json")
+    assert response.status_code == 202, response.content
+    event = Event.objects.get(pk=response.json()["id"])
+    assert (event.key, event.transaction_uuid) == ("a\ufffdb", "run\ufffdx")

@@ -168,3 +168,19 @@ def test_decorators_are_bounded_per_step(held, settings):
         relay.decorators.set_link("long", "d" * 5000, "https://example.com/")
     assert_problem(caught.value.response, 413, "STEP_DECORATORS_MAX_BYTES")
     assert set(StepRun.objects.get(pk=held.step.pk).decorators) == {"pr"}
+
+
+def test_what_a_step_says_of_its_outputs_is_bounded_too(held, settings):
+    """A step may mark any name sensitive, set or not: without a budget, the metadata of a
+    million names would be kept."""
+    settings.STEP_OUTPUT_METADATA_MAX_BYTES = 4096
+    body = json.dumps({"sensitive": True}).encode()
+    answers = [
+        call(held, "PUT", f"/outputs/name-{i:04}/metadata", body, "application/json") for i in range(200)
+    ]
+    kept = [a for a in answers if a.status_code == 201]
+    assert 0 < len(kept) < 200
+    assert_problem(answers[-1], 413, "4096 bytes", "STEP_OUTPUT_METADATA_MAX_BYTES")
+    metadata = StepRun.objects.values_list("output_metadata", flat=True).get(pk=held.step.pk)
+    assert len(metadata) == len(kept)
+    assert len(json.dumps(metadata).encode()) <= 4096

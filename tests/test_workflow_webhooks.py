@@ -5,6 +5,8 @@ is not a pass-through is made with its workflow but its URL refuses events, sayi
 
 import base64
 import gzip
+import hashlib
+import io
 import json
 
 import pytest
@@ -18,7 +20,8 @@ from tests.conftest import client_for
 from tests.events_helpers import clear_queues
 from tests.test_connection_api import assert_problem
 from tests.workflow_helpers import NOOP, EngineWorker, ended, finished, steps_of, wait_until
-from triggers.models import Event, Trigger
+from triggers import ingest
+from triggers.models import BodyFormat, Event, Trigger
 from workflows.models import WorkflowRun
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -195,11 +198,22 @@ def test_bad_tokens_are_401_or_403_problems_and_store_nothing(api):
 @pytest.mark.parametrize(
     ("body", "extra", "status", "detail"),
     [
-        (b"{not json", {}, 400, "The body is not JSON: "),
+        (b"{not json", {}, 400, "The body is not valid JSON: "),
         (b"[1, 2]", {}, 400, "The body is an array; a webhook's event is a JSON object"),
         (b'"text"', {}, 400, "The body is str; a webhook's event is a JSON object"),
-        (b'{"a": "\xc3\x28"}', {}, 400, "The body is not UTF-8 JSON."),
-        (b"[" * 100_000 + b"]" * 100_000, {}, 400, "The body nests too deeply."),
+        (b'{"a": "\xc3\x28"}', {}, 400, "The body is not UTF-8 JSON: "),
+        (b"[" * 100_000 + b"]" * 100_000, {}, 400, "The body is nested deeper than 64 levels."),
+        # What Python's json reads but the worker could not keep (the event failed with the
+        # database's words after a 202), and nesting as deep as the other doors allow.
+        (b'{"a": NaN}', {}, 400, "The body is not valid JSON: NaN is not JSON"),
+        (b'{"a": [Infinity]}', {}, 400, "The body is not valid JSON: Infinity is not JSON"),
+        (b'{"a": 1e400}', {}, 400, "A number is too large for a float64"),
+        (b'{"a": ' + b"9" * 400 + b"}", {}, 400, "A number is too large for a float64"),
+        (b'{"a": "\\ud800"}', {}, 400, "A string holds a lone surrogate (U+D800)"),
+        (b'{"a": {"\\udc00": 1}}', {}, 400, "A key holds a lone surrogate (U+DC00)"),
+        (b'{"a": "x\\u0000"}', {}, 400, "A string holds a NUL character (U+0000)"),
+        (b'{"a": ' + b"[" * 900 + b"]" * 900 + b"}", {}, 400, "The body is nested deeper than 64 levels."),
+        (b'{"a": ' + b"[" * 64 + b"]" * 64 + b"}", {}, 400, "The body is nested deeper than 64 levels."),
         (
             b"{}",
             {"content_type": "text/plain"},
@@ -230,6 +244,40 @@ def test_bad_bodies_are_4xx_problems_and_store_nothing(api, body, extra, status,
     problem = assert_problem(hook(made["url"], made["token"], body, content_type, **extra), status)
     assert problem["detail"].startswith(detail), problem["detail"]
     assert not Event.objects.exists()
+
+
+def test_a_body_nested_64_deep_is_taken(worker, api):
+    made = create(api, HOOKED)["triggers"][0]
+    body = json.dumps(BODY).encode()[:-1] + b', "x": ' + b"[" * 63 + b"]" * 63 + b"}"
+    response = hook(made["url"], made["token"], body)
+    assert response.status_code == 202, response.content
+    assert ended(response.json()["id"]).workflow_start == "started"
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b'{"message": NaN}', "The body is not valid JSON: NaN is not JSON"),
+        (
+            b'{"message": "\\ud800"}',
+            "#/message: A string holds a lone surrogate (U+D800), which is no Unicode text.",
+        ),
+    ],
+)
+def test_a_body_stored_before_the_door_refused_it_fails_with_its_reason_not_the_database_s(
+    worker, api, body, reason
+):
+    """Such an event failed with "DataError: invalid input syntax for type json" (a fragment
+    of the SQL the database refused), after its 202."""
+    create(api, HOOKED)
+    trigger = Trigger.objects.get()
+    event = ingest.store(
+        trigger, io.BytesIO(body), BodyFormat.JSON, hashlib.sha256(body).hexdigest(), len(body)
+    )
+    failed = ended(str(event.pk))
+    assert (failed.state, failed.workflow_start) == ("failed", "")
+    assert failed.failure_reason == f"The body is not JSON this service takes: {reason}"
+    assert not WorkflowRun.objects.exists()
 
 
 def test_a_vendor_json_media_type_is_json(worker, api):

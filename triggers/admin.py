@@ -5,7 +5,7 @@ from django.utils.html import format_html, format_html_join
 
 from relay.admin import TokenHolderAdmin
 from triggers.models import Event, Trigger
-from workflows.permissions import Action, may
+from triggers.permissions import Action, events_for, may, may_events, triggers_for
 
 
 @admin.register(Trigger)
@@ -49,38 +49,49 @@ class TriggerAdmin(TokenHolderAdmin):
         "or as a Bearer token."
     )
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
-        return super().get_queryset(request).select_related("workflow")
+    # Permissions: triggers.permissions, as in the API. Every staff user has the module and
+    # the list (of what they may see); each row says what may be done to it. A change page of
+    # another user's trigger is read-only to staff; its regenerate page (TokenHolderAdmin) is
+    # refused them, as is its delete without the delete permission, in the list's action too
+    # (the admin asks has_delete_permission of each row it would delete).
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Trigger]:
+        return triggers_for(request.user, super().get_queryset(request).select_related("workflow"))
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return request.user.is_active and request.user.is_staff
+
+    def has_view_permission(self, request: HttpRequest, obj: Trigger | None = None) -> bool:
+        return obj is None or may(request.user, Action.VIEW, obj)
+
+    def has_change_permission(self, request: HttpRequest, obj: Trigger | None = None) -> bool:
+        return obj is None or may(request.user, Action.CHANGE, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Trigger | None = None) -> bool:
+        return obj is None or may(request.user, Action.DELETE, obj)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Trigger | None = None) -> list[str]:
         fields = super().get_readonly_fields(request, obj)
         return [*fields, "name"] if obj is not None and obj.workflow_id else fields
 
-    # A workflow's trigger starts runs as the workflow's owner: its filters and token are the
-    # owner's and superusers' alone, as its document is (workflows.permissions), whatever
-    # permissions on triggers other staff hold; its owner sees and changes it here.
-
-    def has_view_permission(self, request: HttpRequest, obj: Trigger | None = None) -> bool:
-        if obj is not None and obj.workflow_id and may(request.user, Action.CHANGE, obj.workflow):
-            return True
-        return super().has_view_permission(request, obj)
-
-    def has_change_permission(self, request: HttpRequest, obj: Trigger | None = None) -> bool:
-        if obj is not None and obj.workflow_id:
-            return may(request.user, Action.CHANGE, obj.workflow)
-        return super().has_change_permission(request, obj)
-
-    def has_delete_permission(self, request: HttpRequest, obj: Trigger | None = None) -> bool:
-        # A workflow's trigger goes when a revision of the workflow no longer declares it.
-        if obj is not None and obj.workflow_id:
-            return False
-        return super().has_delete_permission(request, obj)
+    def get_deleted_objects(self, objs: QuerySet | list[Trigger], request: HttpRequest) -> tuple:
+        """As the API's delete: a trigger's events go with it for whoever may delete the
+        trigger, not by the events' own permissions; each trigger is asked of `may` (the
+        list's action gets a queryset of many)."""
+        deleted, counts, _, protected = super().get_deleted_objects(objs, request)
+        refused = [t for t in objs if not self.has_delete_permission(request, t)]
+        return deleted, counts, {self.opts.verbose_name} if refused else set(), protected
 
 
 @admin.register(Event)
 class EventAdmin(admin.ModelAdmin):
+    """Events as received, read-only. Who sees and deletes them is triggers.permissions, as in
+    the API: a trigger's owner their own here whatever their permissions; other users' with
+    the events' view and delete permissions."""
+
     list_display = ["received_at", "trigger", "state", "host", "status", "body_format", "body_size"]
-    list_filter = ["state", "status", "body_format", "trigger"]
+    # Only the triggers of the events listed: the plain filter would list every trigger's name.
+    list_filter = ["state", "status", "body_format", ("trigger", admin.RelatedOnlyFieldListFilter)]
     search_fields = ["id", "host", "transaction_uuid", "key", "body_sha256"]
     list_select_related = ["trigger"]
     date_hierarchy = "received_at"
@@ -88,8 +99,23 @@ class EventAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Event | None = None) -> list[str]:
         return ["report_summary", *(field.name for field in Event._meta.fields)]
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Event]:
+        return events_for(request.user, super().get_queryset(request).select_related("trigger"))
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return request.user.is_active and request.user.is_staff
+
+    def has_view_permission(self, request: HttpRequest, obj: Event | None = None) -> bool:
+        return obj is None or may_events(request.user, Action.VIEW, obj.trigger)
+
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Event | None = None) -> bool:
+        return False  # a report as received
+
+    def has_delete_permission(self, request: HttpRequest, obj: Event | None = None) -> bool:
+        return obj is None or may_events(request.user, Action.DELETE, obj.trigger)
 
     @admin.display(description="Summary")
     def report_summary(self, event: Event) -> str:

@@ -180,11 +180,17 @@ def plain(document: Any, budget: int) -> Any:
     return walk(document, 0)
 
 
+# What no text in PostgreSQL holds: NUL, and lone surrogates (`\ud800` in JSON), which no
+# UTF-8 can carry.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
 def without_nul(value: Any) -> Any:
-    """PostgreSQL keeps no NUL in text or jsonb: what goes into the database (a summary, a
-    key) has U+FFFD instead. (The stored parts are files, and keep the report as it was.)"""
+    """PostgreSQL keeps no NUL in text or jsonb, and no lone surrogate: what goes into the
+    database (a summary, a key) has U+FFFD instead. (The stored parts are files, and keep the
+    report as it was.)"""
     if isinstance(value, str):
-        return value.replace("\x00", "\ufffd")
+        return _UNSTORABLE.sub("\ufffd", value)
     if isinstance(value, dict):
         return {without_nul(k): without_nul(v) for k, v in value.items()}
     if isinstance(value, list):

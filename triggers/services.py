@@ -1,6 +1,5 @@
 """The worker's side of an event: read it, summarise it, offload its large parts, filter it."""
 
-import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,10 +13,10 @@ from django.db import DatabaseError, DataError, IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from relay.api.parsers import RefusedJSON, read_json
 from triggers import objects, reader, slack
 from triggers.models import Event, EventState, TriggerKind, WorkflowStart
 from triggers.objects import body_name, part_name
-from triggers.parsing import without_nul
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +73,15 @@ def process(event_id: str) -> None:
             raise
         log.exception("event %s failed", event.pk)
         with transaction.atomic():
-            event.fail(f"The report could not be processed: {type(exc).__name__}: {exc}"[:1000])
+            event.fail(f"The report could not be processed: {_reason(exc)}"[:1000])
+
+
+def _reason(exc: Exception) -> str:
+    # The database's own message quotes the SQL it refused, and with it the event's data:
+    # that is for the worker's log (above), not for the event list.
+    if isinstance(exc, DatabaseError):
+        return f"the database refused what was read ({type(exc).__name__}); the worker's log has why."
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _note(event: Event, exc: BaseException) -> None:
@@ -124,15 +131,17 @@ def _process_webhook(event: Event) -> None:
     if not event.start_attempt():
         return  # another delivery has finished it meanwhile
     try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        event.fail(f"The body is not JSON: {type(exc).__name__}: {exc}"[:1000])
+        # The door's reader: a body stored before the door refused what it refuses now fails
+        # here with its reason, not with the database's.
+        data = read_json(raw)
+    except RefusedJSON as exc:
+        event.fail(f"The body is not JSON this service takes: {exc}"[:1000])
         return
     if not isinstance(data, dict) or len(raw) > settings.WEBHOOK_MAX_BODY_BYTES:
         event.fail("The body is not a JSON object of at most WEBHOOK_MAX_BODY_BYTES bytes.")
         return
     found = {
-        "data": without_nul(data),
+        "data": data,
         "workflow_start": WorkflowStart.PENDING if event.trigger.workflow_id else WorkflowStart.NONE,
         "key": event.key,
         "failure_reason": "",

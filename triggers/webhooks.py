@@ -16,7 +16,6 @@ same thing again on purpose); a sender that retries sends an `Idempotency-Key` h
 the same key again is the event already recorded.
 """
 
-import json
 import tempfile
 from typing import BinaryIO
 
@@ -25,6 +24,7 @@ from django.http import HttpRequest
 from rest_framework import exceptions
 
 from relay.api.exceptions import Conflict, PayloadTooLarge
+from relay.api.parsers import RefusedJSON, read_json, refused
 from triggers import ingest, ratelimit
 from triggers.models import BodyFormat, Event, EventState, Trigger
 
@@ -96,15 +96,13 @@ def _idempotency_key(request: HttpRequest) -> str:
 
 
 def _check_body(spool: BinaryIO) -> None:
+    """The API's strict reader (relay.api.parsers.read_json): what the worker could not keep
+    (NaN, `1e400`, a NUL, a lone surrogate, nesting past 64) is refused here, not stored."""
     spool.seek(0)
     try:
-        document = json.loads(spool.read())
-    except UnicodeDecodeError:
-        raise exceptions.ParseError("The body is not UTF-8 JSON.") from None
-    except ValueError as exc:
-        raise exceptions.ParseError(f"The body is not JSON: {exc}.") from None
-    except RecursionError:
-        raise exceptions.ParseError("The body nests too deeply.") from None
+        document = read_json(spool.read())
+    except RefusedJSON as exc:
+        raise refused(exc) from None
     if not isinstance(document, dict):
         kind = "an array" if isinstance(document, list) else type(document).__name__
         raise exceptions.ParseError(

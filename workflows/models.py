@@ -688,12 +688,9 @@ class StepRun(models.Model):
 
     def put_output_metadata(self, name: str, metadata: dict[str, Any]) -> bool:
         """PUT /outputs/{name}/metadata, before or after the value; False when the step has
-        ended (its outputs and what they are are final then)."""
-        return bool(
-            StepRun.objects.filter(pk=self.pk, status=StepStatus.IN_PROGRESS).update(
-                output_metadata=JSONMerge("output_metadata", {name: metadata})
-            )
-        )
+        ended (its outputs and what they are are final then). Raises OverBudget past
+        STEP_OUTPUT_METADATA_MAX_BYTES (a step may name any output, set or not)."""
+        return self._merge_within("output_metadata", name, metadata, settings.STEP_OUTPUT_METADATA_MAX_BYTES)
 
     def output_is_sensitive(self, name: str) -> bool:
         return bool((self.output_metadata or {}).get(name, {}).get("sensitive"))
@@ -758,7 +755,11 @@ class StepRun(models.Model):
             return True
         if not StepRun.objects.filter(pk=self.pk, status=StepStatus.IN_PROGRESS).exists():
             return False
-        setting = {"outputs": "STEP_OUTPUTS_MAX_BYTES", "decorators": "STEP_DECORATORS_MAX_BYTES"}[column]
+        setting = {
+            "outputs": "STEP_OUTPUTS_MAX_BYTES",
+            "decorators": "STEP_DECORATORS_MAX_BYTES",
+            "output_metadata": "STEP_OUTPUT_METADATA_MAX_BYTES",
+        }[column]
         raise OverBudget(
             f"The step's {column} together would be larger than {budget} bytes as stored "
             f"({setting}); {name!r} was not set.",

@@ -1,5 +1,6 @@
 """Who may do what to a workflow, its runs, approvals and triggers: one rule for the admin and
-the API alike (workflows.admin, workflows.api.views, triggers' admin and API).
+the API alike (workflows.admin, workflows.api.views; triggers.permissions asks it of a
+workflow's triggers for the triggers' admin and API).
 
 A workflow runs with its owner's connections and secrets. So whatever decides what code runs
 as the owner, or hands out a credential that starts runs as the owner, is the owner's alone

@@ -58,6 +58,11 @@ def _pointer_part(key: object) -> str:
     return str(key).replace("~", "~0").replace("/", "~1")
 
 
+def pointer_to(path: tuple[object, ...]) -> str:
+    """The JSON Pointer (in errors' `#/a/0/b` form) to the value at `path`'s keys and indexes."""
+    return "".join(["#", *(f"/{_pointer_part(part)}" for part in path)])
+
+
 def field_errors(details: Any, pointer: str = "#") -> list[dict[str, str]]:
     """Flatten DRF's nested error details into RFC 9457 `errors` entries."""
     if isinstance(details, dict) and set(details) == {"message", "code"}:
@@ -127,6 +132,15 @@ def handler400(request: HttpRequest, exception: Exception | None = None) -> Http
     if is_api_request(request):
         return problem_response(request, 400, "The request could not be understood.", "bad_request")
     return defaults.bad_request(request, exception)
+
+
+def bad_path(request: HttpRequest, character: str) -> HttpResponse:
+    from django.views import defaults
+
+    if is_api_request(request):
+        detail = f"The URL's path holds a control character ({character}); no resource is named so."
+        return problem_response(request, 400, detail, "bad_path")
+    return defaults.bad_request(request, None)
 
 
 def handler403(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:

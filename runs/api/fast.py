@@ -16,7 +16,6 @@ token to mark used, a platform header to record, a database failure) goes on to 
 the API's own view, which answers it in full: the rules stay in runs.models and the API.
 """
 
-import json
 import logging
 import re
 import uuid
@@ -35,6 +34,7 @@ from puppet_connection.fast import connection_for
 from puppet_connection.models import BACKEND_RE, Platform
 from relay import adb, onloop, tokens
 from relay.api.authentication import token_from_header
+from relay.api.parsers import RefusedJSON, read_json
 from runs.api.serializers import StateSerializer
 from runs.longpoll import Scope, Send
 from runs.models import STATE_FIELDS, Run, heartbeat_rule, heartbeat_sql
@@ -90,18 +90,14 @@ _FIELDS = _STATE.fields
 _PLAIN = {"status", "next_update_before", "job_id", "lease_id", "outcome"}
 
 
-def _refuse_constant(name: str) -> None:
-    raise ValueError(f"{name} is not JSON")
-
-
 def heartbeat_of(body: bytes) -> dict[str, Any] | None:
     """The validated state (what StateSerializer(data=…).validated_data would be), when the
     body is a flat JSON object the API would accept; None when it is anything else."""
     if b"{" in body[1:] or b"[" in body:
         return None  # nested: not a heartbeat (and no depth to check, BoundedJSONParser's job)
     try:
-        data = json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
-    except (ValueError, UnicodeDecodeError):
+        data = read_json(body)  # the API's own reader: what it refuses, the API answers
+    except RefusedJSON:
         return None
     if type(data) is not dict or not data.keys() <= _PLAIN or "status" not in data:
         return None

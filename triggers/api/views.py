@@ -11,6 +11,7 @@ from drf_spectacular.utils import (
     inline_serializer,
 )
 from rest_framework import exceptions, mixins, serializers, status, viewsets
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -18,7 +19,7 @@ from rest_framework.views import APIView
 from relay.api.authentication import TriggerTokenAuthentication
 from relay.api.exceptions import Conflict
 from relay.api.params import query_text
-from relay.api.permissions import IsTrigger, may_for_all
+from relay.api.permissions import IsTrigger
 from relay.api.views import TokenHolderViewSet
 from triggers import webhooks
 from triggers.api.serializers import (
@@ -31,7 +32,7 @@ from triggers.api.serializers import (
 from triggers.ingest import receive
 from triggers.models import Event, EventState, Trigger, TriggerKind
 from triggers.objects import body_name
-from workflows.permissions import Action, may
+from triggers.permissions import Action, TriggerPermission, may, may_events, triggers_for
 
 
 @extend_schema_view(
@@ -42,7 +43,9 @@ from workflows.permissions import Action, may
     ),
 )
 class TriggerViewSet(TokenHolderViewSet):
-    """Push triggers. Users manage their own; anyone else's need the admin's permissions.
+    """Push triggers. Who sees and does what is triggers.permissions, as in the admin: users
+    manage their own; other staff's permissions give view and delete; only the owner or a
+    superuser changes one (its filters, Slack webhook, name) or regenerates its token.
 
     A workflow's push triggers are here too (`workflow` names it): their filters, Slack
     webhook and token are managed here, their names and lives by the workflow's document."""
@@ -50,32 +53,19 @@ class TriggerViewSet(TokenHolderViewSet):
     queryset = Trigger.objects.none()  # the model, for the schema; get_queryset() scopes
     serializer_class = TriggerSerializer
     token_serializer_class = TriggerTokenSerializer
+    permission_classes = [IsAuthenticated, TriggerPermission]
 
     def get_queryset(self) -> QuerySet[Trigger]:
-        return super().get_queryset().select_related("workflow")
+        return triggers_for(self.request.user, Trigger.objects.select_related("owner", "workflow"))
 
     def check_object_permissions(self, request: Request, obj: Trigger) -> None:
-        super().check_object_permissions(request, obj)
-        # A workflow's trigger starts runs as the workflow's owner: its token and filters are
-        # the owner's alone, as its document is (workflows.permissions), whatever `change`
-        # permission on triggers other staff hold.
-        if (
-            obj.workflow_id is not None
-            and request.method in ("POST", "PUT", "PATCH")
-            and not may(request.user, Action.CHANGE, obj.workflow)
-        ):
-            raise exceptions.PermissionDenied(
-                "A workflow's trigger starts runs with its owner's connections, so only the "
-                "workflow's owner or a superuser may change it or regenerate its token."
-            )
-
-    def perform_destroy(self, instance: Trigger) -> None:
-        if instance.workflow_id is not None:
+        if request.method == "DELETE" and obj.workflow_id is not None and may(request.user, Action.VIEW, obj):
+            # No one deletes it here; whoever sees it hears where it is deleted.
             raise Conflict(
-                f"This push trigger belongs to workflow {instance.workflow.name!r}: remove it from the "
+                f"This push trigger belongs to workflow {obj.workflow.name!r}: remove it from the "
                 "workflow's `triggers:` (a new revision) to delete it."
             )
-        instance.delete()
+        super().check_object_permissions(request, obj)
 
 
 class EventIngestView(APIView):
@@ -165,12 +155,12 @@ class EventViewSet(
         return EventListSerializer if self.action == "list" else EventSerializer
 
     def get_queryset(self) -> QuerySet[Event]:
-        # Another user's events need the admin's permission to view events (their reports,
-        # bodies and parts); seeing their trigger is not enough.
+        # Another user's events need the permission to view events (their reports, bodies
+        # and parts); seeing their trigger is not enough (triggers.permissions).
         user = self.request.user
         trigger = Trigger.objects.filter(pk=self.kwargs["trigger_pk"]).first()
-        if trigger is not None and trigger.owner_id != user.pk and not may_for_all(user, "view", Event):
-            if not may_for_all(user, "view", Trigger):
+        if trigger is not None and not may_events(user, Action.VIEW, trigger):
+            if not may(user, Action.VIEW, trigger):
                 trigger = None  # they may not know it exists
             else:
                 raise exceptions.PermissionDenied(
@@ -189,8 +179,7 @@ class EventViewSet(
         return events
 
     def perform_destroy(self, instance: Event) -> None:
-        user = self.request.user
-        if instance.trigger.owner_id != user.pk and not may_for_all(user, "delete", Event):
+        if not may_events(self.request.user, Action.DELETE, instance.trigger):
             raise exceptions.PermissionDenied(
                 "Deleting another user's events needs the permission to delete events."
             )

@@ -84,6 +84,10 @@ def _is_ident_start(char: str) -> bool:
     return char == "_" or char.isalpha()
 
 
+def _is_decimal(char: str) -> bool:
+    return "0" <= char <= "9"
+
+
 def _is_ident_part(char: str) -> bool:
     return char in "_-" or char.isalpha() or char.isdigit()
 
@@ -142,7 +146,11 @@ class Scanner:
             while end < len(text) and _is_ident_part(text[end]):
                 end += 1
             return self._token(IDENT, start, end)
-        if char.isdigit() or (floats and char == "." and start + 1 < len(text) and text[start + 1].isdigit()):
+        # ASCII digits only, as Go's scanner: str.isdigit() takes `²` and `٣`, which no number
+        # pattern matches (a failed assertion, a 500 from /spec?q=²).
+        if _is_decimal(char) or (
+            floats and char == "." and start + 1 < len(text) and _is_decimal(text[start + 1])
+        ):
             match = (_NUMBER if floats else _INT).match(text, start)
             assert match is not None
             return self._token(NUMBER, start, match.end())

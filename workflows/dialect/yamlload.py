@@ -117,6 +117,10 @@ def compose(text: str) -> Node | None:
                     )
                 node = anchors[event.anchor]
             elif isinstance(event, yaml.ScalarEvent):
+                if "\x00" in event.value:  # from a "\0" escape: PostgreSQL keeps no NUL in text
+                    raise _Stop(
+                        "A string holds a NUL character (U+0000), which cannot be stored.", line, column
+                    )
                 node = Node(
                     "scalar",
                     _short_tag(event.tag),
@@ -282,8 +286,20 @@ class _Decoder:
 
     def scalar(self, node: Node) -> Any:
         if node.tag == "":
-            return resolve_plain(node.value) if node.plain else node.value
-        return _decode_tagged_scalar(node)
+            value = resolve_plain(node.value) if node.plain else node.value
+        else:
+            value = _decode_tagged_scalar(node)
+        if isinstance(value, float) and not math.isfinite(value):
+            # `.inf`, `.nan`, or a number past a float64 (`1e400`, 400 digits): a workflow's
+            # values are JSON (parameters, /spec, outputs), which has no such number, so a
+            # default or a spec holding one could never be used.
+            raise _Stop(
+                f"{node.value!r} is not a finite number: a workflow's values are JSON, which has "
+                "no infinity or NaN (a number past a float64, such as 1e400, is infinite).",
+                node.line,
+                node.column,
+            )
+        return value
 
     def decode(self, node: Node, pointer: str, depth: int = 0) -> tuple[Any, Any]:
         """(raw value, relay tree value) of the node."""
