@@ -9,8 +9,9 @@ One function per figure, each printing its own lines:
   parameter, a secret read from Vault, an output of an earlier step and a function), p50 and
   p99, sequential requests on one keep-alive connection; `GET /spec?q=…` (relay_sdk's
   `Interface().get(D.x)`, a value that needs no secret); a new connection per request, as
-  relay_sdk and ni make them; and `GET /healthz`, the server's floor. (Before any worker
-  starts: nothing else runs.)
+  relay_sdk and ni make them; and `GET /healthz`, the server's floor; the CPU milliseconds
+  per whole-spec request of gunicorn's processes and of PostgreSQL's backends (bench/cpu.py).
+  (Before any worker starts: nothing else runs.)
 - `sandbox_start`: a script step's start, from the sandbox's launch (bubblewrap spawned) to
   the first line of its output, p50 and p99 over `--runs` steps run one after another;
 - `parallel_scripts`: `--parallel` script steps of one run side by side (each reads its spec
@@ -33,6 +34,7 @@ from typing import Any
 
 import requests
 import service  # bench/service.py
+from cpu import CpuMeter, load_average, per_request  # bench/cpu.py
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -93,7 +95,7 @@ def a_running_step() -> tuple[str, str]:
     return url.split("//", 1)[1].split(":", 1)[0], str(run.pk)
 
 
-def spec_latency(port: int, token: str, count: int) -> dict[str, float]:
+def spec_latency(port: int, token: str, count: int, meter: CpuMeter | None = None) -> dict[str, float]:
     base = f"http://127.0.0.1:{port}"
     session = requests.Session()
     session.auth = (token, "")
@@ -101,7 +103,9 @@ def spec_latency(port: int, token: str, count: int) -> dict[str, float]:
     assert response.ok and response.json()["complete"], response.text
     for _ in range(50):  # warm up every gunicorn worker
         session.get(f"{base}/spec")
+    cpu = meter.sample() if meter else None
     whole = timed(lambda: session.get(f"{base}/spec").raise_for_status(), count)
+    spent = meter.sample() if meter else None
     query = timed(
         lambda: session.get(f"{base}/spec", params={"q": 'changes[0]["resource"]'}).raise_for_status(), count
     )
@@ -121,8 +125,10 @@ def spec_latency(port: int, token: str, count: int) -> dict[str, float]:
     }
     print(
         f"GET /spec ({count} sequential, keep-alive): "
-        f"p50 {pct(whole, 50):.2f} ms, p99 {pct(whole, 99):.2f} ms"
+        f"p50 {pct(whole, 50):.2f} ms, p99 {pct(whole, 99):.2f} ms (load {load_average()})"
     )
+    if cpu and spent:
+        print(f"    {per_request(cpu, spent, count)}")
     print(f"GET /spec?q=… (relay_sdk's get(D.x)): p50 {pct(query, 50):.2f} ms, p99 {pct(query, 99):.2f} ms")
     print(f"GET /spec, a new connection each (relay_sdk, ni): p50 {pct(fresh, 50):.2f} ms")
     print(f"GET /healthz (the server's floor: no database): p50 {pct(floor, 50):.2f} ms")
@@ -256,9 +262,13 @@ def main() -> None:
         token, _ = a_running_step()
         owner = User.objects.get(username="bench")
         connections.close_all()
-        with service.gunicorn(env):
+        with service.gunicorn(env) as (_, master):
             if args.only != "sandbox":
-                spec_latency(port, token, args.requests)
+                meter = CpuMeter(master, args.database)
+                try:
+                    spec_latency(port, token, args.requests, meter)
+                finally:
+                    meter.close()
             if args.only == "spec":
                 return
             workers = [worker(env, "celery", 2), worker(env, "steps", args.parallel)]
