@@ -420,3 +420,31 @@ steps:
     assert f"({steps['wait'].pk}) cancelled" in worker.log()  # through the handler's cancel
     with pytest.raises(Conflict, match="nothing to cancel"):
         engine.cancel_run(run)
+
+
+def test_an_error_that_quotes_a_secret_shows_it_masked_in_the_step_s_message(worker, owner):
+    """relay-core's arithmetic error quotes the value it met: the step's message, which the
+    API, the admin and approvers see, masks what the evaluation read."""
+    workflow = make_workflow(
+        owner,
+        f"""
+apiVersion: v1
+steps:
+- name: a
+  image: {NOOP}
+  when: ${{-secrets.pw > 1}}
+- name: b
+  image: {NOOP}
+  spec:
+    x: ${{-secrets.pw}}
+""",
+    )
+    WorkflowSecret.put(workflow, "pw", "hunter2-the-password", owner)
+    run = finished(engine.create_run(workflow, {}))
+    steps = steps_of(run)
+    assert steps["a"].message.startswith("The step cannot be decided: its `when` failed: ")
+    assert steps["b"].message.startswith('Its spec could not be evaluated: path "x": ')
+    for step in steps.values():
+        assert step.status == "failure"
+        assert step.message.endswith("unexpected ***(string) expected number")
+    assert "hunter2" not in run.message + steps["a"].message + steps["b"].message

@@ -39,6 +39,7 @@ from django.db.models import Exists, Max, OuterRef
 from django.utils import timezone
 
 from relay import rows
+from scriptsteps.masking import Masker  # a step's message masks what its log masks
 from workflows import tasks
 from workflows.dialect import validate
 from workflows.dialect.errors import EvaluationError
@@ -780,7 +781,7 @@ def _conditions(spec: StepSpec, data: Data, lookups: _Lookups) -> tuple[bool, li
         try:
             result = _evaluate(item, data, lookups)
         except EvaluationError as exc:
-            raise _Undecidable(f"The step cannot be decided: {where} failed: {exc}") from None
+            raise _Undecidable(f"The step cannot be decided: {where} failed: {_masked(exc, data)}") from None
         if not result.complete:
             unresolved.extend(result.unresolvable)
             continue
@@ -823,7 +824,7 @@ def _context(step: StepRun, run: WorkflowRun, data: Data, lookups: _Lookups) -> 
         try:
             result = _evaluate(tree, data, lookups)
         except EvaluationError as exc:
-            raise _Undecidable(f"Its {name} could not be evaluated: {exc}") from None
+            raise _Undecidable(f"Its {name} could not be evaluated: {_masked(exc, data)}") from None
         if not result.complete:
             raise _Undecidable(f"Its {name} refers to what is not there: {describe(result.unresolvable)}.")
         values[name] = result.value
@@ -842,6 +843,14 @@ def _context(step: StepRun, run: WorkflowRun, data: Data, lookups: _Lookups) -> 
         args=tuple(container.args),
         secrets=_secret_values(data),
     )
+
+
+def _masked(error: EvaluationError, data: Data) -> str:
+    """An evaluation's error as its step's message shows it to people: an error may quote a
+    value it met (`${-secrets.pw}`: relay-core's "unexpected <value>(string) expected
+    number"), so what the evaluation read of secrets and connections is masked there too."""
+    masker = Masker(_secret_values(data))
+    return masker.feed(str(error)) + masker.flush()
 
 
 def _secret_values(data: Data) -> tuple[str, ...]:
