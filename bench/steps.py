@@ -2,15 +2,16 @@
 the `steps` queue, the engine on its own worker, gunicorn (relay/gunicorn_conf.py) serving
 the runtime API, OpenBao, Redis and PostgreSQL, everything on this machine.
 
-    .venv/bin/python bench/steps.py [--requests 500] [--runs 30] [--parallel 20]
+    .venv/bin/python bench/steps.py [--requests 500] [--runs 30] [--parallel 20] [--only spec]
 
 One function per figure, each printing its own lines:
 - `spec_latency`: the step runtime API's `GET /spec` as a running step calls it (a spec with a
   parameter, a secret read from Vault, an output of an earlier step and a function), p50 and
   p99, sequential requests on one keep-alive connection; `GET /spec?q=…` (relay_sdk's
   `Interface().get(D.x)`, a value that needs no secret); a new connection per request, as
-  relay_sdk and ni make them; and `GET /healthz`, the server's floor. (Before any worker
-  starts: nothing else runs.)
+  relay_sdk and ni make them; and `GET /healthz`, the server's floor; the CPU milliseconds
+  per whole-spec request of gunicorn's processes and of PostgreSQL's backends (bench/cpu.py).
+  (Before any worker starts: nothing else runs.)
 - `sandbox_start`: a script step's start, from the sandbox's launch (bubblewrap spawned) to
   the first line of its output, p50 and p99 over `--runs` steps run one after another;
 - `parallel_scripts`: `--parallel` script steps of one run side by side (each reads its spec
@@ -18,7 +19,8 @@ One function per figure, each printing its own lines:
   run's wall time and each step's own time (its script taken by a worker to its exit), and
   the same step run alone.
 
-It makes its own database (relay_bench_steps) and OpenBao dev server, uses Redis db 13
+`--only spec` prints the first figure alone (no worker starts), `--only sandbox` the others.
+It makes its own database (relay_bench_steps, or `--database`) and OpenBao dev server, uses Redis db 13
 (CELERY_BROKER_URL to change it) under its own key prefix.
 """
 
@@ -32,6 +34,7 @@ from typing import Any
 
 import requests
 import service  # bench/service.py
+from cpu import CpuMeter, load_average, per_request  # bench/cpu.py
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -92,7 +95,7 @@ def a_running_step() -> tuple[str, str]:
     return url.split("//", 1)[1].split(":", 1)[0], str(run.pk)
 
 
-def spec_latency(port: int, token: str, count: int) -> dict[str, float]:
+def spec_latency(port: int, token: str, count: int, meter: CpuMeter | None = None) -> dict[str, float]:
     base = f"http://127.0.0.1:{port}"
     session = requests.Session()
     session.auth = (token, "")
@@ -100,7 +103,9 @@ def spec_latency(port: int, token: str, count: int) -> dict[str, float]:
     assert response.ok and response.json()["complete"], response.text
     for _ in range(50):  # warm up every gunicorn worker
         session.get(f"{base}/spec")
+    cpu = meter.sample() if meter else None
     whole = timed(lambda: session.get(f"{base}/spec").raise_for_status(), count)
+    spent = meter.sample() if meter else None
     query = timed(
         lambda: session.get(f"{base}/spec", params={"q": 'changes[0]["resource"]'}).raise_for_status(), count
     )
@@ -120,8 +125,10 @@ def spec_latency(port: int, token: str, count: int) -> dict[str, float]:
     }
     print(
         f"GET /spec ({count} sequential, keep-alive): "
-        f"p50 {pct(whole, 50):.2f} ms, p99 {pct(whole, 99):.2f} ms"
+        f"p50 {pct(whole, 50):.2f} ms, p99 {pct(whole, 99):.2f} ms (load {load_average()})"
     )
+    if cpu and spent:
+        print(f"    {per_request(cpu, spent, count)}")
     print(f"GET /spec?q=… (relay_sdk's get(D.x)): p50 {pct(query, 50):.2f} ms, p99 {pct(query, 99):.2f} ms")
     print(f"GET /spec, a new connection each (relay_sdk, ni): p50 {pct(fresh, 50):.2f} ms")
     print(f"GET /healthz (the server's floor: no database): p50 {pct(floor, 50):.2f} ms")
@@ -231,12 +238,14 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=500, help="requests per /spec figure")
     parser.add_argument("--runs", type=int, default=30, help="steps for the start figure")
     parser.add_argument("--parallel", type=int, default=20, help="steps side by side")
+    parser.add_argument("--only", choices=("spec", "sandbox"), help="those figures alone")
+    parser.add_argument("--database", default="relay_bench_steps", help="made and dropped")
     args = parser.parse_args()
     broker = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/13")
     deployment = "bench-steps"
     port = service.free_port()
     with service.prepared(
-        "relay_bench_steps",
+        args.database,
         ACCESS_LOG="",
         CELERY_BROKER_URL=broker,
         RELAY_DEPLOYMENT_ID=deployment,
@@ -253,8 +262,15 @@ def main() -> None:
         token, _ = a_running_step()
         owner = User.objects.get(username="bench")
         connections.close_all()
-        with service.gunicorn(env):
-            spec_latency(port, token, args.requests)
+        with service.gunicorn(env) as (_, master):
+            if args.only != "sandbox":
+                meter = CpuMeter(master, args.database)
+                try:
+                    spec_latency(port, token, args.requests, meter)
+                finally:
+                    meter.close()
+            if args.only == "spec":
+                return
             workers = [worker(env, "celery", 2), worker(env, "steps", args.parallel)]
             try:
                 sandbox_start(owner, args)

@@ -27,7 +27,7 @@ import logging
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import BuiltinFunctionType, CodeType, FunctionType, MethodType, ModuleType
 from typing import Any, Literal
@@ -38,6 +38,7 @@ from django.db import models, transaction
 from django.db.models import Exists, Max, OuterRef
 from django.utils import timezone
 
+from relay import rows
 from scriptsteps.masking import Masker  # a step's message masks what its log masks
 from workflows import tasks
 from workflows.dialect import validate
@@ -678,14 +679,23 @@ def sweep(now: datetime | None = None) -> int:
 def _data(run: WorkflowRun, steps: Iterable[StepRun]) -> Data:
     """What a step's expressions may read: parameters, outputs and ended steps' statuses
     (secrets and connections are read when an expression asks for them: _Lookups)."""
+    return _data_of(run, ((step.name, step.status, step.outputs) for step in steps))
+
+
+def _data_of(run: WorkflowRun, steps: Iterable[Sequence[Any]]) -> Data:
+    """_data from each step's name, status and outputs."""
     outputs: dict[tuple[str, str], Any] = {}
     statuses: dict[str, str] = {}
-    for step in steps:
-        for name, value in (step.outputs or {}).items():
-            outputs[(step.name, name)] = value
-        if step.status in RESOLVED:
-            statuses[step.name] = step.status
+    for name, status, values in steps:
+        for key, value in (values or {}).items():
+            outputs[(name, key)] = value
+        if status in RESOLVED:
+            statuses[name] = status
     return Data(parameters=dict(run.parameters), outputs=outputs, statuses=statuses)
+
+
+# What resolve reads of a run's steps, on every call of the step runtime API (relay.rows).
+_step_data = rows.Select(StepRun, ("name", "status", "outputs"), where=("run",))
 
 
 class _Lookups:
@@ -732,7 +742,7 @@ def resolve(run: WorkflowRun, evaluation: Callable[[Data], Result]) -> tuple[Res
     evaluates its spec: how the step runtime API (stepruntime) answers a running step.
     Returns the result and the data it used (`data.secrets`: the secrets it read). Raises
     EvaluationError."""
-    data = _data(run, _steps(run, "outputs"))
+    data = _data_of(run, _step_data(run.pk))
     lookups = _Lookups(run)
     for _ in range(4):
         result = evaluation(data)

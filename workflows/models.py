@@ -15,7 +15,7 @@ from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
 
 from connections.models import name_validator
-from relay import vault
+from relay import rows, vault
 from relay.tokens import PlainToken
 from scriptsteps.masking import MASK  # hidden outputs show as the log's mark for a secret
 from workflows.dialect import cron, validate, yamlload
@@ -929,13 +929,10 @@ class WorkflowSecret(models.Model):
         read is most of such a call's time: values are kept in this process for
         SECRET_CACHE_SECONDS, by the row's `updated_at`, which `put` changes in the
         transaction that writes Vault, so a replaced value is never served from here."""
-        updated_at = (
-            cls.objects.filter(workflow_id=workflow_id, name=name)
-            .values_list("updated_at", flat=True)
-            .first()
-        )
-        if updated_at is None:
+        found = _secret_updated_at(workflow_id, name)
+        if not found:
             return None
+        updated_at = found[0][0]
         key = (str(workflow_id), name, updated_at)
         kept = _secret_values.get(key)
         if kept is not None and kept[0] > time.monotonic():
@@ -947,6 +944,10 @@ class WorkflowSecret(models.Model):
         _secret_values[key] = (time.monotonic() + settings.SECRET_CACHE_SECONDS, value)
         return value
 
+
+# WorkflowSecret.value_of's statement (relay.rows: on every call of the step runtime API
+# whose step has a secret, and Django's compiling it was most of its time).
+_secret_updated_at = rows.Select(WorkflowSecret, ("updated_at",), where=("workflow", "name"))
 
 # WorkflowSecret.value_of's values: (workflow id, name, updated_at) -> (expiry, value).
 _secret_values: dict[tuple[str, str, datetime], tuple[float, str | None]] = {}
