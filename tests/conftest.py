@@ -1,10 +1,12 @@
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.test import Client
 from relay_bridge.api import RelayClient
 from rest_framework.test import APIClient
 
@@ -15,6 +17,7 @@ from relay.server import ThreadedServer
 from tests.bao import BaoDevServer
 from tests.bridge_helpers import Service
 from tests.puppetserver import PuppetServer
+from tests.script_helpers import EngineWorker, StandIn, running_script_workers
 from tests.sshd import Sshd
 
 
@@ -149,6 +152,35 @@ def staff(db) -> User:
     return User.objects.create_superuser("root", password="root-password-1")
 
 
+@pytest.fixture
+def owner(db) -> User:
+    return User.objects.create_user("ops")
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory) -> Iterator[StandIn]:
+    """The module's HTTP(S) stand-in for a public server, reached through a step's proxy."""
+    server = StandIn(tmp_path_factory.mktemp("standin"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def proxied_workers(
+    django_db_setup, django_db_blocker, bao, live_server, standin, tmp_path_factory
+) -> Iterator[tuple[EngineWorker, EngineWorker]]:
+    """The module's script workers, whose steps' proxy lets them reach the stand-in's two ports."""
+    with running_script_workers(
+        django_db_blocker,
+        bao,
+        live_server.url,
+        tmp_path_factory.mktemp("scripts"),
+        STEP_PROXY_TEST_LOOPBACK_PORTS=f"{standin.port},{standin.tls_port}",
+        RELAY_PUBLIC_URL=live_server.url,  # the service, which steps reach through the proxy
+    ) as workers:
+        yield workers
+
+
 def api_token_for(user: User) -> str:
     """A new user API token (`rlyu_…`), as `Authorization: Token <token>` takes it."""
     _, token = UserToken.create_for(user)
@@ -171,6 +203,42 @@ def alice_api(alice: User) -> APIClient:
 def connection(alice: User) -> tuple[PuppetConnection, str]:
     conn, token = PuppetConnection.create_with_token(owner=alice, name="prod-puppet")
     return conn, str(token)
+
+
+# A permission table's cells (tests/test_*_permissions.py): change one field of the world's
+# object (`w`: its api_url, admin_url and `fresh` copy from the database) through a door, and
+# say whether it was done, from the database rather than the answer.
+
+
+def api_changed(api: APIClient, w: Any, **change: str) -> tuple[Any, bool]:
+    response = api.patch(w.api_url, change, format="json")
+    fresh = w.fresh
+    return response, all(getattr(fresh, field) == value for field, value in change.items())
+
+
+def admin_changed(admin: Client, w: Any, form: Callable[..., dict], **change: str) -> tuple[Any, bool]:
+    """`form(w, **change)`: the admin's change form, as its page shows it, with the change."""
+    response = admin.post(f"{w.admin_url}change/", form(w, **change))
+    fresh = w.fresh
+    return response, all(getattr(fresh, field) == value for field, value in change.items())
+
+
+def api_given_to_bob(api: APIClient, w: Any) -> tuple[Any, bool]:
+    response = api.patch(w.api_url, {"owner": "bob"}, format="json")
+    return response, w.fresh.owner_id == w.bob.pk
+
+
+def admin_given_to_bob(admin: Client, w: Any, form: Callable[..., dict]) -> tuple[Any, bool]:
+    response = admin.post(f"{w.admin_url}change/", form(w, owner=w.bob.pk))
+    return response, w.fresh.owner_id == w.bob.pk
+
+
+def owner_as_actor(owner: User, door: str) -> User:
+    """A permission table's owner row: staff in the admin only (it lets in staff alone), and
+    their own rows as the API (staff or not)."""
+    owner.is_staff = door == "admin"
+    owner.save()
+    return User.objects.get(pk=owner.pk)
 
 
 def bridge(token: str) -> APIClient:

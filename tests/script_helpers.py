@@ -3,10 +3,18 @@ queue that runs real bubblewrap sandboxes, against the live server's step runtim
 
 import os
 import signal
+import ssl
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import redis
 from django.conf import settings
 
+from tests.events_helpers import clear_queues
+from tests.standins.orchestrator import make_tls
 from tests.workflow_helpers import EngineWorker
 
 # Small limits, so that the tests that meet them end quickly.
@@ -31,6 +39,64 @@ def script_workers(tmp: Path, bao, live_server_url: str, **env: str) -> tuple[En
     engine = EngineWorker(tmp / "engine.log", concurrency=2, **common)
     steps = EngineWorker(tmp / "steps.log", concurrency=4, queues="steps", **common)
     return engine, steps
+
+
+@contextmanager
+def running_script_workers(
+    django_db_blocker, bao, live_server_url: str, tmp: Path, **env: str
+) -> Iterator[tuple[EngineWorker, EngineWorker]]:
+    """A module's script_workers, on a broker emptied of earlier modules' messages; stopped when
+    the module is done."""
+    clear_queues(redis.Redis.from_url(settings.CELERY_BROKER_URL))
+    with django_db_blocker.unblock():
+        engine_worker, steps_worker = script_workers(tmp, bao, live_server_url, **env)
+    yield engine_worker, steps_worker
+    steps_worker.stop()
+    engine_worker.stop()
+
+
+STANDIN_HOST = "127.0.0.2"  # loopback, but not a name clients send direct (NO_PROXY)
+
+
+class StandIn:
+    """HTTP servers on STANDIN_HOST, one plain and one TLS (a certificate for its address
+    from a CA of its own), that answer every GET with what they received."""
+
+    def __init__(self, directory: Path) -> None:
+        self.received: list[dict] = []
+        self.ca, cert, key = make_tls(directory, names=f"IP:{STANDIN_HOST}")
+        standin = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:
+                standin.received.append(
+                    {"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}}
+                )
+                body = f"stand-in saw {self.path}\n".encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.plain = ThreadingHTTPServer((STANDIN_HOST, 0), Handler)
+        self.tls = ThreadingHTTPServer((STANDIN_HOST, 0), Handler)
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(cert, key)
+        self.tls.socket = context.wrap_socket(self.tls.socket, server_side=True)
+        for server in (self.plain, self.tls):
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+        self.port = self.plain.server_address[1]
+        self.tls_port = self.tls.server_address[1]
+
+    def stop(self) -> None:
+        for server in (self.plain, self.tls):
+            server.shutdown()
+            server.server_close()
 
 
 def kill_tree(pid: int) -> None:

@@ -15,7 +15,15 @@ from connections.models import Connection, SlackConnection
 from puppet_connection.models import PuppetConnection
 from relay.tokens import LEAK_RE
 from runs.models import Run
-from tests.conftest import bridge, client_for
+from tests.conftest import (
+    admin_changed,
+    admin_given_to_bob,
+    api_changed,
+    api_given_to_bob,
+    bridge,
+    client_for,
+    owner_as_actor,
+)
 from tests.runs_helpers import create_run
 from tests.test_api_permissions import user_with
 from tests.test_connection_api import assert_problem
@@ -112,10 +120,7 @@ def actor_for(row: str, world: World, door: str) -> User:
     who = TABLE[row][0]
     every = [*codenames("puppet", *EVERY), *codenames("slack", *EVERY)]
     if who == "owner":
-        user = world.alice
-        user.is_staff = door == "admin"  # the admin lets in staff only, their own rows as the API
-        user.save()
-        return User.objects.get(pk=user.pk)
+        return owner_as_actor(world.alice, door)
     if who == "superuser":
         return User.objects.create_superuser("root")
     if who == "not staff":
@@ -156,23 +161,19 @@ def form(w: World, **changes: object) -> dict:
 
 
 def api_rename(api, w: World) -> tuple[Any, bool]:
-    response = api.patch(w.api_url, {"name": "renamed"}, format="json")
-    return response, w.fresh.name == "renamed"
+    return api_changed(api, w, name="renamed")
 
 
 def admin_rename(admin: Client, w: World) -> tuple[Any, bool]:
-    response = admin.post(f"{w.admin_url}change/", form(w, name="renamed"))
-    return response, w.fresh.name == "renamed"
+    return admin_changed(admin, w, form, name="renamed")
 
 
 def api_describe(api, w: World) -> tuple[Any, bool]:
-    response = api.patch(w.api_url, {"description": "tidied"}, format="json")
-    return response, w.fresh.description == "tidied"
+    return api_changed(api, w, description="tidied")
 
 
 def admin_describe(admin: Client, w: World) -> tuple[Any, bool]:
-    response = admin.post(f"{w.admin_url}change/", form(w, description="tidied"))
-    return response, w.fresh.description == "tidied"
+    return admin_changed(admin, w, form, description="tidied")
 
 
 def token_changed(w: World, response) -> bool:
@@ -209,13 +210,11 @@ def admin_token(admin: Client, w: World) -> tuple[Any, bool]:
 
 
 def api_owner(api, w: World) -> tuple[Any, bool]:
-    response = api.patch(w.api_url, {"owner": "bob"}, format="json")
-    return response, w.fresh.owner_id == w.bob.pk
+    return api_given_to_bob(api, w)
 
 
 def admin_owner(admin: Client, w: World) -> tuple[Any, bool]:
-    response = admin.post(f"{w.admin_url}change/", form(w, owner=w.bob.pk))
-    return response, w.fresh.owner_id == w.bob.pk
+    return admin_given_to_bob(admin, w, form)
 
 
 def api_delete(api, w: World) -> tuple[Any, bool]:

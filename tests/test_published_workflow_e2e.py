@@ -33,17 +33,14 @@ from typing import Any
 from urllib.parse import urlparse
 
 import pytest
-import redis
 import requests
-from django.conf import settings
 from django.contrib.auth.models import Permission, User
 
 from runs.models import Run
 from tests.bridge_helpers import Service, bridge_config, log_lines, serve, wait_for
 from tests.conftest import api_token_for
-from tests.events_helpers import clear_queues
 from tests.puppetserver import PuppetServer
-from tests.script_helpers import script_workers
+from tests.script_helpers import running_script_workers
 from tests.sshd import Sshd
 from tests.test_events_push_body import motd
 from tests.test_workflow_e2e import BEFORE, MANAGED, Api, Node, managed_file, statuses, steps
@@ -70,20 +67,17 @@ def node(puppetserver: PuppetServer, tmp_path_factory) -> Node:
 def workers(django_db_setup, django_db_blocker, bao, live_server, tmp_path_factory) -> Iterator[None]:
     """The engine's worker and a worker of the `steps` queue (real bubblewrap sandboxes).
     The Puppet steps' scripts wait for Puppet: their wall time is a run's, not a test's."""
-    clear_queues(redis.Redis.from_url(settings.CELERY_BROKER_URL))
-    with django_db_blocker.unblock():
-        engine_worker, steps_worker = script_workers(
-            tmp_path_factory.mktemp("published-workers"),
-            bao,
-            live_server.url,
-            STEP_WALL_TIME="300",
-            STEP_CPU_SECONDS="60",
-            STEP_MEMORY_BYTES=str(512 * 1024 * 1024),
-            RELAY_PUBLIC_URL=live_server.url,
-        )
-    yield
-    steps_worker.stop()
-    engine_worker.stop()
+    with running_script_workers(
+        django_db_blocker,
+        bao,
+        live_server.url,
+        tmp_path_factory.mktemp("published-workers"),
+        STEP_WALL_TIME="300",
+        STEP_CPU_SECONDS="60",
+        STEP_MEMORY_BYTES=str(512 * 1024 * 1024),
+        RELAY_PUBLIC_URL=live_server.url,
+    ):
+        yield
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ masked in its log."""
 import json
 
 import pytest
-import redis
 from django.conf import settings
 from django.contrib.auth.models import User
 
@@ -17,8 +16,7 @@ from connections.models import SlackConnection
 from puppet_connection.models import PuppetConnection
 from scriptsteps.models import LogChunk
 from tests.conftest import client_for
-from tests.events_helpers import clear_queues
-from tests.script_helpers import script_workers
+from tests.script_helpers import running_script_workers
 from tests.test_events_push_body import motd
 from tests.test_workflow_triggers import send
 from tests.test_workflow_webhooks import hook
@@ -104,12 +102,9 @@ steps:
 
 @pytest.fixture(scope="module")
 def workers(django_db_setup, django_db_blocker, bao, live_server, tmp_path_factory):
-    clear_queues(redis.Redis.from_url(settings.CELERY_BROKER_URL))
-    with django_db_blocker.unblock():
-        engine_worker, steps_worker = script_workers(tmp_path_factory.mktemp("data"), bao, live_server.url)
-    yield engine_worker, steps_worker
-    steps_worker.stop()
-    engine_worker.stop()
+    data = tmp_path_factory.mktemp("data")
+    with running_script_workers(django_db_blocker, bao, live_server.url, data) as workers:
+        yield workers
 
 
 @pytest.fixture

@@ -13,95 +13,16 @@ Then the doors themselves, served by StepNetwork in this process: the allow-list
 import contextlib
 import json
 import socket
-import ssl
-import threading
 import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-import redis
-from django.conf import settings
 from django.contrib.auth.models import User
 
 from scriptsteps import network
-from tests.events_helpers import clear_queues
-from tests.script_helpers import script_workers
-from tests.standins.orchestrator import make_tls
+from tests.script_helpers import STANDIN_HOST, StandIn
 from tests.test_script_steps import log_of
 from tests.workflow_helpers import finished, run_of, steps_of
-
-STANDIN_HOST = "127.0.0.2"  # loopback, but not a name clients send direct (NO_PROXY)
-
-
-class StandIn:
-    """HTTP servers on STANDIN_HOST, one plain and one TLS (a certificate for its address
-    from a CA of its own), that answer every GET with what they received."""
-
-    def __init__(self, directory: Path) -> None:
-        self.received: list[dict] = []
-        self.ca, cert, key = make_tls(directory, names=f"IP:{STANDIN_HOST}")
-        standin = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_GET(self) -> None:
-                standin.received.append(
-                    {"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}}
-                )
-                body = f"stand-in saw {self.path}\n".encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.plain = ThreadingHTTPServer((STANDIN_HOST, 0), Handler)
-        self.tls = ThreadingHTTPServer((STANDIN_HOST, 0), Handler)
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(cert, key)
-        self.tls.socket = context.wrap_socket(self.tls.socket, server_side=True)
-        for server in (self.plain, self.tls):
-            threading.Thread(target=server.serve_forever, daemon=True).start()
-        self.port = self.plain.server_address[1]
-        self.tls_port = self.tls.server_address[1]
-
-    def stop(self) -> None:
-        for server in (self.plain, self.tls):
-            server.shutdown()
-            server.server_close()
-
-
-@pytest.fixture(scope="module")
-def standin(tmp_path_factory) -> Iterator[StandIn]:
-    server = StandIn(tmp_path_factory.mktemp("standin"))
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def workers(django_db_setup, django_db_blocker, bao, live_server, standin, tmp_path_factory):
-    clear_queues(redis.Redis.from_url(settings.CELERY_BROKER_URL))
-    with django_db_blocker.unblock():
-        engine_worker, steps_worker = script_workers(
-            tmp_path_factory.mktemp("scripts"),
-            bao,
-            live_server.url,
-            STEP_PROXY_TEST_LOOPBACK_PORTS=f"{standin.port},{standin.tls_port}",
-            RELAY_PUBLIC_URL=live_server.url,  # the service, which steps reach through the proxy
-        )
-    yield engine_worker, steps_worker
-    steps_worker.stop()
-    engine_worker.stop()
-
-
-@pytest.fixture
-def owner(db) -> User:
-    return User.objects.create_user("ops")
 
 
 def step_source(lines: list[str], image: str = "relaysh/core", env: dict | None = None) -> str:
@@ -137,7 +58,7 @@ def host_address() -> str | None:
 
 @pytest.mark.django_db(transaction=True)
 def test_a_step_reaches_nothing_of_the_hosts_network_directly_yet_ni_works(
-    workers, owner, bao, live_server, standin
+    proxied_workers, owner, bao, live_server, standin
 ):
     vault = bao.addr.split("//", 1)[1].rsplit(":", 1)
     destinations = [
@@ -172,7 +93,9 @@ def test_a_step_reaches_nothing_of_the_hosts_network_directly_yet_ni_works(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_proxy_refuses_what_is_not_public_with_403_and_says_why(workers, owner, live_server, standin):
+def test_the_proxy_refuses_what_is_not_public_with_403_and_says_why(
+    proxied_workers, owner, live_server, standin
+):
     live_port = live_server.url.rsplit(":", 1)[1]
     refused = {
         "http://127.0.0.1:5432/": "a loopback address",
@@ -205,7 +128,9 @@ def test_the_proxy_refuses_what_is_not_public_with_403_and_says_why(workers, own
 
 
 @pytest.mark.django_db(transaction=True)
-def test_http_and_https_go_through_the_proxy_to_a_destination_it_allows(workers, owner, standin, live_server):
+def test_http_and_https_go_through_the_proxy_to_a_destination_it_allows(
+    proxied_workers, owner, standin, live_server
+):
     standin.received.clear()
     ca = standin.ca.read_text()
     log = run_step(
@@ -250,7 +175,9 @@ def test_http_and_https_go_through_the_proxy_to_a_destination_it_allows(workers,
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_service_is_reached_only_with_http_requests_for_its_own_paths(workers, owner, live_server):
+def test_the_service_is_reached_only_with_http_requests_for_its_own_paths(
+    proxied_workers, owner, live_server
+):
     """RELAY_PUBLIC_URL (here the live server, on loopback) through the proxy, and
     STEP_RUNTIME_URL through the runtime door: its runtime and API paths, nothing else; and
     no CONNECT tunnel to it, whose contents the proxy could not check."""

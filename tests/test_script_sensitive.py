@@ -7,21 +7,15 @@ evidence show masked while a later step still reads it whole."""
 import base64
 import hashlib
 import json
-from collections.abc import Iterator
 from urllib.parse import quote, quote_plus
 
 import pytest
-import redis
-from django.conf import settings
-from django.contrib.auth.models import User
 from django.test import Client
 
 from scriptsteps.masking import MASK
 from tests.conftest import client_for
-from tests.events_helpers import clear_queues
-from tests.script_helpers import script_workers
+from tests.script_helpers import STANDIN_HOST
 from tests.test_script_masking import readable
-from tests.test_script_network import STANDIN_HOST, StandIn
 from tests.test_script_steps import log_of
 from tests.workflow_helpers import finished, make_workflow, run_of, step_in, steps_of
 from workflows import engine
@@ -32,35 +26,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 SECRET = 'Sup3r s3cret/"Valu3"+&x'  # a space, a slash, quotes, + and &: every encoder differs
 
 
-@pytest.fixture(scope="module")
-def standin(tmp_path_factory) -> Iterator[StandIn]:
-    server = StandIn(tmp_path_factory.mktemp("standin"))
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def workers(django_db_setup, django_db_blocker, bao, live_server, standin, tmp_path_factory):
-    clear_queues(redis.Redis.from_url(settings.CELERY_BROKER_URL))
-    with django_db_blocker.unblock():
-        engine_worker, steps_worker = script_workers(
-            tmp_path_factory.mktemp("scripts"),
-            bao,
-            live_server.url,
-            STEP_PROXY_TEST_LOOPBACK_PORTS=f"{standin.port},{standin.tls_port}",
-            RELAY_PUBLIC_URL=live_server.url,
-        )
-    yield engine_worker, steps_worker
-    steps_worker.stop()
-    engine_worker.stop()
-
-
-@pytest.fixture
-def owner(db) -> User:
-    return User.objects.create_user("ops")
-
-
-def test_a_secret_printed_encoded_or_sent_as_basic_credentials_is_masked(workers, owner, standin):
+def test_a_secret_printed_encoded_or_sent_as_basic_credentials_is_masked(proxied_workers, owner, standin):
     standin.received.clear()
     url = f"http://{STANDIN_HOST}:{standin.port}/basic"
     lower_hex = "import os, re, urllib.parse as u; " + (
@@ -132,7 +98,9 @@ steps:
 """
 
 
-def test_ni_output_set_sensitive_is_masked_everywhere_but_in_the_step_that_reads_it(workers, owner, staff):
+def test_ni_output_set_sensitive_is_masked_everywhere_but_in_the_step_that_reads_it(
+    proxied_workers, owner, staff
+):
     assert VALUE not in SENSITIVE
     run = run_of(owner, SENSITIVE)
     gate = step_in(run, "gate", "in-progress", timeout=60)
@@ -184,7 +152,7 @@ steps:
 """
 
 
-def test_a_sensitive_output_set_beside_a_running_step_is_masked_in_its_log(workers, owner):
+def test_a_sensitive_output_set_beside_a_running_step_is_masked_in_its_log(proxied_workers, owner):
     # The reader started before the value existed: what it can read is what the run has now.
     run = finished(run_of(owner, BESIDE), timeout=60)
     log = log_of(run, "reader")

@@ -10,15 +10,14 @@ import time
 from pathlib import Path
 
 import pytest
-import redis
 from django.conf import settings
 from django.contrib.auth.models import User
 
 from puppet_connection.models import PuppetConnection
 from scriptsteps.models import LogChunk, ScriptRun
 from tests.conftest import client_for
-from tests.events_helpers import clear_queues, wait_until
-from tests.script_helpers import sandbox_processes, script_workers
+from tests.events_helpers import wait_until
+from tests.script_helpers import running_script_workers, sandbox_processes
 from tests.workflow_helpers import finished, make_workflow, run_of, step_in, steps_of
 from workflows import engine
 from workflows.models import WorkflowSecret
@@ -28,17 +27,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture(scope="module")
 def workers(django_db_setup, django_db_blocker, bao, live_server, tmp_path_factory):
-    clear_queues(redis.Redis.from_url(settings.CELERY_BROKER_URL))
-    with django_db_blocker.unblock():
-        engine_worker, steps_worker = script_workers(tmp_path_factory.mktemp("scripts"), bao, live_server.url)
-    yield engine_worker, steps_worker
-    steps_worker.stop()
-    engine_worker.stop()
-
-
-@pytest.fixture
-def owner(db) -> User:
-    return User.objects.create_user("ops")
+    scripts = tmp_path_factory.mktemp("scripts")
+    with running_script_workers(django_db_blocker, bao, live_server.url, scripts) as workers:
+        yield workers
 
 
 def log_of(run, name: str) -> str:

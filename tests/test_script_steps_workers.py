@@ -9,7 +9,6 @@ from datetime import UTC, datetime
 import pytest
 import redis
 from django.conf import settings
-from django.contrib.auth.models import User
 
 from scriptsteps import cgroups, container, sandbox
 from scriptsteps.models import ScriptRun
@@ -22,11 +21,6 @@ from workflows.models import StepRun
 from workflows.steps.base import StepContext
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def owner(db) -> User:
-    return User.objects.create_user("ops")
 
 
 @pytest.fixture

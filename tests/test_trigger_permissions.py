@@ -14,7 +14,14 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from relay.tokens import LEAK_RE
-from tests.conftest import client_for
+from tests.conftest import (
+    admin_changed,
+    admin_given_to_bob,
+    api_changed,
+    api_given_to_bob,
+    client_for,
+    owner_as_actor,
+)
 from tests.events_helpers import fixture, post
 from tests.test_api_permissions import user_with
 from tests.test_connection_api import assert_problem
@@ -114,10 +121,7 @@ def world(alice, bob, bao) -> World:
 def actor_for(row: str, world: World, door: str) -> User:
     who = TABLE[row][0]
     if who == "owner":
-        user = world.alice
-        user.is_staff = door == "admin"  # the admin lets in staff only, their own rows as the API
-        user.save()
-        return User.objects.get(pk=user.pk)
+        return owner_as_actor(world.alice, door)
     if who == "superuser":
         return User.objects.create_superuser("root")
     if who == "not staff":
@@ -162,23 +166,19 @@ def form(w: World, **changes: object) -> dict:
 
 
 def api_rename(api, w: World) -> tuple[Any, bool]:
-    response = api.patch(w.api_url, {"name": "renamed"}, format="json")
-    return response, w.fresh.name == "renamed"
+    return api_changed(api, w, name="renamed")
 
 
 def admin_rename(admin: Client, w: World) -> tuple[Any, bool]:
-    response = admin.post(f"{w.admin_url}change/", form(w, name="renamed"))
-    return response, w.fresh.name == "renamed"
+    return admin_changed(admin, w, form, name="renamed")
 
 
 def api_describe(api, w: World) -> tuple[Any, bool]:
-    response = api.patch(w.api_url, {"description": "tidied"}, format="json")
-    return response, w.fresh.description == "tidied"
+    return api_changed(api, w, description="tidied")
 
 
 def admin_describe(admin: Client, w: World) -> tuple[Any, bool]:
-    response = admin.post(f"{w.admin_url}change/", form(w, description="tidied"))
-    return response, w.fresh.description == "tidied"
+    return admin_changed(admin, w, form, description="tidied")
 
 
 def api_filters(api, w: World) -> tuple[Any, bool]:
@@ -221,13 +221,11 @@ def admin_token(admin: Client, w: World) -> tuple[Any, bool]:
 
 
 def api_owner(api, w: World) -> tuple[Any, bool]:
-    response = api.patch(w.api_url, {"owner": "bob"}, format="json")
-    return response, w.fresh.owner_id == w.bob.pk
+    return api_given_to_bob(api, w)
 
 
 def admin_owner(admin: Client, w: World) -> tuple[Any, bool]:
-    response = admin.post(f"{w.admin_url}change/", form(w, owner=w.bob.pk))
-    return response, w.fresh.owner_id == w.bob.pk
+    return admin_given_to_bob(admin, w, form)
 
 
 def deleted(w: World) -> bool:

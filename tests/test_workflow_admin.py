@@ -6,7 +6,7 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 
 from runs.models import Run
-from tests.workflow_helpers import NOOP, make_workflow, steps_of
+from tests.workflow_helpers import NOOP, make_workflow, steps_of, waiting_at_gate
 from workflows import engine
 from workflows.models import StepRun, Workflow, WorkflowSecret
 
@@ -85,14 +85,7 @@ def test_the_run_page_lists_the_steps_with_statuses_and_outputs(staff, alice):
 @pytest.fixture
 def waiting(alice) -> StepRun:
     workflow = make_workflow(alice, VALID + "- name: gate\n  type: approval\n  dependsOn: a\n")
-    run = engine.create_run(workflow, {})
-    engine.start_run(run.pk)
-    engine.start_step(str(steps_of(run)["a"].pk))
-    gate = steps_of(run)["gate"]
-    engine.start_step(str(gate.pk))
-    gate.refresh_from_db()
-    assert gate.status == "in-progress"
-    return gate
+    return waiting_at_gate(engine.create_run(workflow, {}))
 
 
 def with_perms(name: str, *codenames: str) -> User:

@@ -8,16 +8,13 @@ import time
 from datetime import timedelta
 
 import pytest
-import redis
 import requests
-from django.conf import settings
 from django.contrib.auth.models import User
 from django.utils import timezone
 
 from tests.conftest import api_token_for
-from tests.events_helpers import clear_queues
 from tests.runtime_helpers import start_step
-from tests.workflow_helpers import NOOP, EngineWorker, ended, finished, make_workflow, run_of, steps_of
+from tests.workflow_helpers import NOOP, ended, finished, make_workflow, run_of, steps_of, vault_worker
 from triggers.models import Event, Schedule, Trigger
 from workflows import services, tasks
 from workflows.dialect.budget import BudgetExceeded, exceeded
@@ -273,16 +270,8 @@ def test_spec_answers_a_budget_exceeded_with_a_422_problem(live_server, alice):
 
 @pytest.fixture(scope="module")
 def worker(django_db_setup, django_db_blocker, bao, tmp_path_factory):
-    clear_queues(redis.Redis.from_url(settings.CELERY_BROKER_URL))
-    with django_db_blocker.unblock():
-        process = EngineWorker(
-            tmp_path_factory.mktemp("budgets") / "worker.log",
-            concurrency=2,
-            VAULT_ADDR=bao.addr,
-            VAULT_TOKEN=bao.root().token,
-        )
-    yield process
-    process.stop()
+    with vault_worker(django_db_blocker, bao, tmp_path_factory.mktemp("budgets") / "worker.log") as process:
+        yield process
 
 
 @pytest.fixture

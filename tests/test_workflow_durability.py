@@ -6,7 +6,6 @@ from datetime import timedelta
 import pytest
 import redis
 from django.conf import settings
-from django.contrib.auth.models import User
 from django.utils import timezone
 
 from tests.events_helpers import clear_queues, queue_key
@@ -34,11 +33,6 @@ def broker():
     clear_queues(client)  # messages earlier tests queued for runs that are gone
     yield client
     clear_queues(client)
-
-
-@pytest.fixture
-def owner(db) -> User:
-    return User.objects.create_user("ops")
 
 
 def test_a_worker_killed_mid_step_loses_nothing(broker, owner, tmp_path):

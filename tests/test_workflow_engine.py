@@ -7,7 +7,6 @@ import re
 from datetime import timedelta
 
 import pytest
-import redis
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.utils import timezone
@@ -15,7 +14,6 @@ from django.utils import timezone
 from puppet_connection.models import PuppetConnection
 from runs.models import Run
 from tests.conftest import run_concurrently
-from tests.events_helpers import clear_queues
 from tests.workflow_helpers import (
     NOOP,
     EngineWorker,
@@ -25,6 +23,7 @@ from tests.workflow_helpers import (
     statuses,
     step_in,
     steps_of,
+    vault_worker,
     wait_until,
 )
 from workflows import engine, tasks
@@ -36,22 +35,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture(scope="module")
 def worker(django_db_setup, django_db_blocker, bao, tmp_path_factory):
     """One worker of four processes for the whole module (starting one takes seconds)."""
-    clear_queues(redis.Redis.from_url(settings.CELERY_BROKER_URL))  # earlier modules' messages
-    with django_db_blocker.unblock():
-        process = EngineWorker(
-            tmp_path_factory.mktemp("engine") / "worker.log",
-            concurrency=4,
-            VAULT_ADDR=bao.addr,
-            VAULT_TOKEN=bao.root().token,
-            WORKFLOW_STEP_MAX_ATTEMPTS="2",
-        )
-    yield process
-    process.stop()
-
-
-@pytest.fixture
-def owner(db) -> User:
-    return User.objects.create_user("ops")
+    log_path = tmp_path_factory.mktemp("engine") / "worker.log"
+    with vault_worker(
+        django_db_blocker, bao, log_path, concurrency=4, WORKFLOW_STEP_MAX_ATTEMPTS="2"
+    ) as process:
+        yield process
 
 
 def starts_logged(worker: EngineWorker, step: StepRun) -> int:

@@ -12,13 +12,13 @@ from django.test import Client
 
 from connections.models import SlackConnection
 from puppet_connection.models import PuppetConnection
-from tests.conftest import client_for
+from tests.conftest import client_for, owner_as_actor
 from tests.events_helpers import post
 from tests.test_api_permissions import user_with
 from tests.test_connection_api import assert_problem
 from tests.test_workflow_admin import form, logged_in
 from tests.test_workflow_webhooks import hook
-from tests.workflow_helpers import NOOP, make_workflow, steps_of
+from tests.workflow_helpers import NOOP, make_workflow, waiting_at_gate
 from triggers.models import Trigger
 from workflows import engine
 from workflows.models import StepRun, Workflow, WorkflowRun, WorkflowSecret
@@ -126,12 +126,7 @@ def world(alice, bob, bao) -> World:
     """Alice's workflow, its webhook and push triggers, and a run waiting at its approval."""
     workflow = make_workflow(alice, SOURCE)
     run = engine.create_run(workflow, {}, created_by=alice)
-    engine.start_run(run.pk)
-    engine.start_step(str(steps_of(run)["a"].pk))
-    gate = steps_of(run)["gate"]
-    engine.start_step(str(gate.pk))
-    gate.refresh_from_db()
-    assert gate.status == "in-progress"
+    gate = waiting_at_gate(run)
     hook, reports = (workflow.push_triggers.get(name=name) for name in ("hook", "reports"))
     return World(alice, bob, workflow, run, gate, hook, reports)
 
@@ -139,12 +134,9 @@ def world(alice, bob, bao) -> World:
 def actor_for(row: str, world: World, door: str) -> User:
     who = TABLE[row][0]
     if who in ("owner", "owner+approve"):
-        user = world.alice
-        user.is_staff = door == "admin"  # the admin lets in staff only, their own rows as the API
-        user.save()
         if who == "owner+approve":
-            user.user_permissions.set(Permission.objects.filter(codename="approve_steprun"))
-        return User.objects.get(pk=user.pk)
+            world.alice.user_permissions.set(Permission.objects.filter(codename="approve_steprun"))
+        return owner_as_actor(world.alice, door)
     if who == "superuser":
         return User.objects.create_superuser("root")
     if who == "not staff":

@@ -11,9 +11,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-import redis
 import yaml
-from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.test import Client
@@ -22,7 +20,6 @@ from rest_framework.test import APIClient
 from tests.conftest import client_for, run_concurrently
 from tests.events_helpers import (
     big_report,
-    clear_queues,
     fixture,
     install_module_like_processor,
     post,
@@ -32,7 +29,7 @@ from tests.slack_standin import SlackStandIn
 from tests.test_connection_api import assert_problem
 from tests.test_event_data import as_json
 from tests.test_events_push_body import PlainLoader, motd, push_data
-from tests.workflow_helpers import NOOP, EngineWorker, ended, finished, steps_of, wait_until
+from tests.workflow_helpers import NOOP, ended, finished, steps_of, vault_worker, wait_until
 from triggers.models import Event, Trigger
 from triggers.tasks import requeue_received_before
 from workflows import services, tasks
@@ -62,17 +59,9 @@ def slack(tmp_path_factory):
 def worker(django_db_setup, django_db_blocker, bao, slack, tmp_path_factory):
     """One worker of two processes for the module: it reads the events and runs the workflows,
     and its Slack step posts to the stand-in."""
-    clear_queues(redis.Redis.from_url(settings.CELERY_BROKER_URL))  # earlier modules' messages
-    with django_db_blocker.unblock():
-        process = EngineWorker(
-            tmp_path_factory.mktemp("triggers") / "worker.log",
-            concurrency=2,
-            VAULT_ADDR=bao.addr,
-            VAULT_TOKEN=bao.root().token,
-            **slack.worker_env(SLACK_TOKEN),
-        )
-    yield process
-    process.stop()
+    log_path = tmp_path_factory.mktemp("triggers") / "worker.log"
+    with vault_worker(django_db_blocker, bao, log_path, **slack.worker_env(SLACK_TOKEN)) as process:
+        yield process
 
 
 @pytest.fixture

@@ -10,16 +10,14 @@ import io
 import json
 
 import pytest
-import redis
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.test import Client
 from rest_framework.test import APIClient
 
 from tests.conftest import client_for
-from tests.events_helpers import clear_queues
 from tests.test_connection_api import assert_problem
-from tests.workflow_helpers import NOOP, EngineWorker, ended, finished, steps_of, wait_until
+from tests.workflow_helpers import NOOP, ended, finished, steps_of, vault_worker, wait_until
 from triggers import ingest
 from triggers.models import BodyFormat, Event, Trigger
 from workflows.models import WorkflowRun
@@ -29,16 +27,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture(scope="module")
 def worker(django_db_setup, django_db_blocker, bao, tmp_path_factory):
-    clear_queues(redis.Redis.from_url(settings.CELERY_BROKER_URL))  # earlier modules' messages
-    with django_db_blocker.unblock():
-        process = EngineWorker(
-            tmp_path_factory.mktemp("webhooks") / "worker.log",
-            concurrency=2,
-            VAULT_ADDR=bao.addr,
-            VAULT_TOKEN=bao.root().token,
-        )
-    yield process
-    process.stop()
+    with vault_worker(django_db_blocker, bao, tmp_path_factory.mktemp("webhooks") / "worker.log") as process:
+        yield process
 
 
 @pytest.fixture(autouse=True)

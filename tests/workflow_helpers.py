@@ -4,12 +4,16 @@ import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import redis
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import connection
 
-from tests.events_helpers import ChildProcess, wait_until
+from tests.events_helpers import ChildProcess, clear_queues, wait_until
 from triggers.models import Event
 from workflows import engine
 from workflows.models import StepRun, Workflow, WorkflowRun
@@ -67,6 +71,32 @@ class EngineWorker(ChildProcess):
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+@contextmanager
+def vault_worker(
+    django_db_blocker, bao, log_path: Path, concurrency: int = 2, **env: str
+) -> Iterator[EngineWorker]:
+    """A module's engine worker, with OpenBao, on a broker emptied of earlier modules' messages;
+    stopped when the module is done."""
+    clear_queues(redis.Redis.from_url(settings.CELERY_BROKER_URL))
+    with django_db_blocker.unblock():
+        process = EngineWorker(
+            log_path, concurrency=concurrency, VAULT_ADDR=bao.addr, VAULT_TOKEN=bao.root().token, **env
+        )
+    yield process
+    process.stop()
+
+
+def waiting_at_gate(run: WorkflowRun) -> StepRun:
+    """The run started, its step `a` done and its approval `gate` waiting: in process, no worker."""
+    engine.start_run(run.pk)
+    engine.start_step(str(steps_of(run)["a"].pk))
+    gate = steps_of(run)["gate"]
+    engine.start_step(str(gate.pk))
+    gate.refresh_from_db()
+    assert gate.status == "in-progress"
+    return gate
 
 
 def make_workflow(owner: User, source: str, name: str = "wf") -> Workflow:
