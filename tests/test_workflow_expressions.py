@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 
 from workflows.dialect import expr
-from workflows.dialect.errors import EvaluationError, ExpressionError
+from workflows.dialect.errors import ArgumentError, EvaluationError, ExpressionError
 from workflows.dialect.evaluate import Data, WorkflowEvaluator, evaluate
-from workflows.dialect.fnlib import LIBRARY, ArgumentError, Descriptor, convert_markdown
+from workflows.dialect.fn import Descriptor
+from workflows.dialect.fnlib import LIBRARY, convert_markdown
 from workflows.dialect.model import DEFAULT_EVALUATOR, Context, Result, Unresolvable, evaluate_all, unresolved
 from workflows.dialect.problems import DocumentError
 from workflows.dialect.values import from_json

@@ -42,3 +42,7 @@ class InvocationError(EvaluationError):
         self.name = name
         self.cause = cause
         super().__init__(f'invocation of function "{name}" failed: {cause}')
+
+
+class ArgumentError(Exception):
+    """A function call cannot be made with these arguments (arity, a missing keyword)."""

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workflows.dialect import expr
-from workflows.dialect.errors import EvaluationError, InvocationError, UnknownKey
+from workflows.dialect.errors import ArgumentError, EvaluationError, InvocationError, UnknownKey
 from workflows.dialect.expr import ExpressionError, Options, Template, evaluate_query, parse_template
-from workflows.dialect.fnlib import LIBRARY, ArgumentError, Descriptor
+from workflows.dialect.fn import Descriptor
+from workflows.dialect.fnlib import LIBRARY
 from workflows.dialect.model import (
     DEFAULT_EVALUATOR,
     Context,

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from workflows.dialect.budget import Budget
 from workflows.dialect.errors import (
+    ArgumentError,
     EvaluationError,
     ExpressionError,
     IndexOutOfBounds,
@@ -55,7 +56,7 @@ from workflows.dialect.values import (
 )
 
 if TYPE_CHECKING:
-    from workflows.dialect.fnlib import Descriptor
+    from workflows.dialect.fn import Descriptor
 
 MAX_EXPRESSION_CHARS = 64 * 1024
 MAX_NESTING = 64
@@ -568,8 +569,6 @@ class Call(Node):
         return iter(self.args.values() if isinstance(self.args, dict) else self.args)
 
     def eval(self, ctx: Context, parameter: Any) -> Any:
-        from workflows.dialect.fnlib import ArgumentError  # fnlib imports this module
-
         ctx.budget.spend()
         descriptor = self.options.functions.get(self.name)
         if descriptor is None:

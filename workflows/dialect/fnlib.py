@@ -13,37 +13,10 @@ from typing import Any
 
 from workflows.dialect import expr
 from workflows.dialect.budget import Budget
-from workflows.dialect.errors import EvaluationError, NotFound
+from workflows.dialect.errors import ArgumentError, EvaluationError, NotFound
+from workflows.dialect.fn import Descriptor, Invoker
 from workflows.dialect.model import Context, Evaluator, Result, combine_list, combine_map, evaluate_all
 from workflows.dialect.values import deep_equal, from_json, to_json, to_string, type_name
-
-Invoker = Callable[[Context], Result]
-
-
-class ArgumentError(Exception):
-    """The call cannot be made with these arguments (arity, a missing keyword)."""
-
-
-class Descriptor:
-    def __init__(
-        self,
-        description: str,
-        positional: Callable[[Evaluator, list[Any]], Invoker] | None = None,
-        keyword: Callable[[Evaluator, dict[str, Any]], Invoker] | None = None,
-    ) -> None:
-        self.description = description
-        self._positional = positional
-        self._keyword = keyword
-
-    def positional(self, evaluator: Evaluator, args: list[Any]) -> Invoker:
-        if self._positional is None:
-            raise ArgumentError("fn: positional arguments cannot be used")
-        return self._positional(evaluator, args)
-
-    def keyword(self, evaluator: Evaluator, args: dict[str, Any]) -> Invoker:
-        if self._keyword is None:
-            raise ArgumentError("fn: keyword arguments cannot be used")
-        return self._keyword(evaluator, args)
 
 
 def arity(got: int, *wanted: int, variadic: bool = False) -> ArgumentError:

@@ -35,9 +35,9 @@ from jsonschema import Draft7Validator, FormatChecker, ValidationError
 
 from workflows.dialect import cron, expr, imageref
 from workflows.dialect.budget import Budget, exceeded
-from workflows.dialect.errors import EvaluationError, ExpressionError, PathError
+from workflows.dialect.errors import ArgumentError, EvaluationError, ExpressionError, PathError
 from workflows.dialect.evaluate import TEMPLATE_NAMES, Data, WorkflowEvaluator
-from workflows.dialect.fnlib import LIBRARY, ArgumentError
+from workflows.dialect.fnlib import LIBRARY
 from workflows.dialect.model import DEFAULT_EVALUATOR, Context
 from workflows.dialect.problems import DocumentError, Problem, child_pointer, pointer_part
 from workflows.dialect.workflow import Container, Parameter, References, Step, Trigger, Workflow, frozen_map
