@@ -27,7 +27,7 @@ from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from connections.models import Connection
-from relay.api.permissions import is_superuser, may_for_all
+from relay.api.permissions import METHOD_ACTIONS, may_on_owned, owned_rows_for
 
 User = AbstractBaseUser | AnonymousUser
 
@@ -40,34 +40,20 @@ class Action(StrEnum):
 
 def may(user: User, action: Action, connection: Connection) -> bool:
     """Whether `user` may do `action` to `connection`."""
-    if not user.is_active:
-        return False
-    if connection.owner_id == user.pk or is_superuser(user):
-        return True
-    model = type(connection)
-    match action:
-        case Action.VIEW:
-            return may_for_all(user, "view", model)
-        case Action.DELETE:
-            return may_for_all(user, "view", model) and may_for_all(user, "delete", model)
-    return False  # CHANGE: the owner's alone
+    return may_on_owned(user, action, connection.owner_id, type(connection))
 
 
 def connections_for(user: User, rows: QuerySet[Connection]) -> QuerySet[Connection]:
     """The connections of `rows` that `user` may see."""
-    if not user.is_active:
-        return rows.none()
-    return rows if may_for_all(user, "view", rows.model) else rows.filter(owner=user.pk)
+    return owned_rows_for(user, rows)
 
 
 class ConnectionPermission(BasePermission):
     """The API's side of `may`: GET views, DELETE deletes, any other method (PATCH, PUT, POST
     to a row's action such as regenerate) changes."""
 
-    ACTIONS = {"GET": Action.VIEW, "HEAD": Action.VIEW, "OPTIONS": Action.VIEW, "DELETE": Action.DELETE}
-
     def has_object_permission(self, request: Request, view: APIView, obj: Connection) -> bool:
-        action = self.ACTIONS.get(request.method or "", Action.CHANGE)
+        action = Action(METHOD_ACTIONS.get(request.method or "", Action.CHANGE))
         if may(request.user, action, obj):
             return True
         kind = obj._meta.verbose_name

@@ -35,7 +35,7 @@ from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
-from relay.api.permissions import is_superuser, may_for_all
+from relay.api.permissions import METHOD_ACTIONS, may_on_owned, owned_rows_for
 from triggers.models import Event, Trigger
 from workflows import permissions as workflows
 
@@ -58,50 +58,31 @@ def may(user: User, action: Action, trigger: Trigger) -> bool:
                 return workflows.may(user, workflows.Action.CHANGE, trigger.workflow)
             case Action.DELETE:
                 return False  # a revision of its workflow that no longer declares it does
-    if trigger.owner_id == user.pk or is_superuser(user):
-        return True
-    match action:
-        case Action.VIEW:
-            return may_for_all(user, "view", Trigger)
-        case Action.DELETE:
-            return may_for_all(user, "view", Trigger) and may_for_all(user, "delete", Trigger)
-    return False  # CHANGE: the owner's alone
+    return may_on_owned(user, action, trigger.owner_id, Trigger)
 
 
 def triggers_for(user: User, rows: QuerySet[Trigger]) -> QuerySet[Trigger]:
     """The triggers of `rows` that `user` may see (a workflow's trigger is its owner's)."""
-    if not user.is_active:
-        return rows.none()
-    return rows if may_for_all(user, "view", Trigger) else rows.filter(owner=user.pk)
+    return owned_rows_for(user, rows)
 
 
 def may_events(user: User, action: Action, trigger: Trigger) -> bool:
     """Whether `user` may view or delete the events of `trigger` (an event is never changed:
     it is a report as received)."""
-    if not user.is_active or action == Action.CHANGE:
-        return False
-    if trigger.owner_id == user.pk or is_superuser(user):
-        return True
-    if action == Action.DELETE:
-        return may_for_all(user, "view", Event) and may_for_all(user, "delete", Event)
-    return may_for_all(user, "view", Event)
+    return action != Action.CHANGE and may_on_owned(user, action, trigger.owner_id, Event)
 
 
 def events_for(user: User, rows: QuerySet[Event]) -> QuerySet[Event]:
     """The events of `rows` that `user` may see."""
-    if not user.is_active:
-        return rows.none()
-    return rows if may_for_all(user, "view", Event) else rows.filter(trigger__owner=user.pk)
+    return owned_rows_for(user, rows, owner="trigger__owner")
 
 
 class TriggerPermission(BasePermission):
     """The API's side of `may`: GET views, DELETE deletes, any other method (PATCH, PUT, POST
     to a row's action such as regenerate) changes."""
 
-    ACTIONS = {"GET": Action.VIEW, "HEAD": Action.VIEW, "OPTIONS": Action.VIEW, "DELETE": Action.DELETE}
-
     def has_object_permission(self, request: Request, view: APIView, obj: Trigger) -> bool:
-        action = self.ACTIONS.get(request.method or "", Action.CHANGE)
+        action = Action(METHOD_ACTIONS.get(request.method or "", Action.CHANGE))
         if may(request.user, action, obj):
             return True
         if action != Action.CHANGE:

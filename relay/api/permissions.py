@@ -17,7 +17,7 @@ their view, cancel and approvals).
 from django.contrib.auth import get_permission_codename
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.contrib.auth.models import AnonymousUser
-from django.db.models import Model
+from django.db.models import Model, QuerySet
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.views import APIView
@@ -57,3 +57,33 @@ def may_for_all(user: AbstractBaseUser | AnonymousUser, action: str, model: type
     opts = model._meta
     actions = ("view", "change") if action == "view" else (action,)
     return any(user.has_perm(f"{opts.app_label}.{get_permission_codename(a, opts)}") for a in actions)
+
+
+# What an HTTP method does to a row: GET views, DELETE deletes, any other method (PATCH, PUT,
+# a POST to one of its actions such as regenerate) changes it.
+METHOD_ACTIONS = {"GET": "view", "HEAD": "view", "OPTIONS": "view", "DELETE": "delete"}
+
+
+def may_on_owned(
+    user: AbstractBaseUser | AnonymousUser, action: str, owner_id: object, model: type[Model]
+) -> bool:
+    """The rule of a row that holds its owner's credential (a connection, a trigger, its
+    events): its owner and superusers do anything; other staff see it with the model's `view`
+    (or `change`) permission and delete it with `view` and `delete`; nobody else changes it."""
+    if not user.is_active:
+        return False
+    if owner_id == user.pk or is_superuser(user):
+        return True
+    if action == "view":
+        return may_for_all(user, "view", model)
+    if action == "delete":
+        return may_for_all(user, "view", model) and may_for_all(user, "delete", model)
+    return False  # change: the owner's alone
+
+
+def owned_rows_for(user: AbstractBaseUser | AnonymousUser, rows: QuerySet, owner: str = "owner") -> QuerySet:
+    """The rows of `rows` that `user` may see under may_on_owned (`owner`: the lookup of the
+    owner's id)."""
+    if not user.is_active:
+        return rows.none()
+    return rows if may_for_all(user, "view", rows.model) else rows.filter(**{owner: user.pk})
