@@ -129,6 +129,12 @@ DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
 # database dropped fails that one request with a 503 problem (relay.api.problems), and
 # Django replaces it before the next.
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = False
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # `make run`'s default, shared by the web, engine and steps processes: a transaction that
+    # read and then writes cannot take SQLite's write lock while another process holds it
+    # ("database is locked" at once, not after the timeout: a step's credential was lost so).
+    # IMMEDIATE takes the lock at BEGIN, and waits up to `timeout` seconds for it.
+    DATABASES["default"].setdefault("OPTIONS", {}).update({"transaction_mode": "IMMEDIATE", "timeout": 20})
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
