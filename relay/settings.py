@@ -2,8 +2,9 @@
 
 Every value comes from the environment (django-environ) with a typed default. The defaults
 suit `make run` on one machine; docs/configuration.md lists every variable and
-docs/production.md what production sets. A variable NAME that holds a secret may instead be given as NAME_FILE, a path to a file
-holding it (for Docker/Kubernetes secrets and systemd credentials).
+docs/production.md what production sets. A variable NAME that holds a secret may instead be
+given as NAME_FILE, a path to a file holding it (for Docker/Kubernetes secrets and systemd
+credentials).
 """
 
 import os
