@@ -7,7 +7,6 @@ its SHA-256: `bodies/<aa>/<bb>/<sha256>`. Memory stays bounded whatever the size
 """
 
 import hashlib
-import json
 import logging
 import re
 import tempfile
@@ -22,12 +21,13 @@ from django.db.models import Q
 from django.http import HttpRequest
 from rest_framework import exceptions
 
-from relay.api.exceptions import LengthRequired, PayloadTooLarge
+from relay.api.exceptions import LengthRequired, PayloadTooLarge, UnprocessableContent
 from relay.api.params import is_whole_number
 from triggers import objects, ratelimit
 from triggers.models import BodyFormat, Event, EventState, Trigger
 from triggers.objects import body_name
-from triggers.parsing import without_nul
+from triggers.parsing import NotAReport, UnreadableReport, load_json, without_nul
+from triggers.reports import WHOLE, recognise
 
 log = logging.getLogger(__name__)
 CHUNK = 64 * 1024
@@ -165,11 +165,15 @@ def store(
     return event
 
 
-# A bounded look at a body, not a parse: what tells a resend of the same run. A small JSON
-# body (a push body from the report processor) is read whole, which is cheap in C; anything
-# else has only its first PEEK_BYTES scanned for the report's top-level transaction_uuid
-# (Puppet writes it in the first lines). The worker reads the real values later and settles
-# any race between resends that both got past this (see Event's unique constraints).
+# A bounded look at a body: what tells a resend of the same run, and whether a body is a
+# report at all. A small JSON body (a push body from the report processor) is read whole,
+# which is cheap in C, and recognised as the worker would (triggers.reports.recognise): one
+# that is no JSON, or no report of any shape the worker reads, is refused now with the reason
+# (the module's processors count any 2xx as delivered: a 202 and then `failed` is a report
+# lost without a trace). Anything else has only its first PEEK_BYTES scanned for the report's
+# top-level transaction_uuid (Puppet writes it in the first lines). The worker reads the real
+# values later and settles any race between resends that both got past this (see Event's
+# unique constraints).
 PEEK_WHOLE_JSON = 256 * 1024
 PEEK_BYTES = 8 * 1024
 _UUID_YAML = re.compile(rb"(?m)^transaction_uuid: ['\"]?([0-9A-Za-z-]{1,64})['\"]?[ \t]*\r?$")
@@ -177,20 +181,19 @@ _UUID_JSON = re.compile(rb'"transaction_uuid"\s*:\s*"([0-9A-Za-z-]{1,64})"')
 
 
 def peek(spool: BinaryIO, fmt: str, size: int) -> tuple[str, str]:
-    """(transaction_uuid, key) as far as a bounded look tells; "" where it does not."""
+    """(transaction_uuid, key) as far as a bounded look tells; "" where it does not. Raises
+    a 400 (not JSON) or a 422 (not a report) for a JSON body it reads whole."""
     spool.seek(0)
     if fmt == BodyFormat.JSON and size <= PEEK_WHOLE_JSON:
         try:
-            document = json.loads(spool.read())
-        except (ValueError, RecursionError):
-            return "", ""  # the worker will say what is wrong with it
-        if not isinstance(document, dict):
-            return "", ""
-        if isinstance(document.get("data"), dict):  # a push body
-            report, key = document["data"], document.get("key")
-        else:
-            report, key = document, None
-        uuid = report.get("transaction_uuid")
+            document = load_json(spool.read())
+            found = recognise(document)
+        except UnreadableReport as exc:
+            if isinstance(exc, NotAReport):
+                raise UnprocessableContent(str(exc)) from None
+            raise exceptions.ParseError(str(exc)) from None
+        key = document.get("key") if found.shape != WHOLE else None
+        uuid = found.report.get("transaction_uuid")
         # As the worker will store them (no NUL: PostgreSQL refuses it).
         return without_nul(uuid[:64] if isinstance(uuid, str) else ""), without_nul(
             str(key)[:255] if isinstance(key, str | int) else ""

@@ -26,6 +26,10 @@ class UnreadableReport(Exception):
     """The document cannot be read as a report; the message says why, for the event."""
 
 
+class NotAReport(UnreadableReport):
+    """The document is read, and is no report of any shape the service knows."""
+
+
 class ReportLoader(yaml.CSafeLoader):
     """PyYAML's C safe loader, with every tag stripped to plain data."""
 

@@ -122,7 +122,7 @@ def _read(fd: int, body_format: str, filters: Filters, files: list[BinaryIO]) ->
     analysed = analyse(document)
     del document
     values = (analysed.report, logs_of(analysed.report), events_of(analysed.report))
-    matched, filter_note = filters.verdict(analysed.summary, analysed.resources)
+    matched, filter_note = filters.verdict(analysed.summary, analysed.resources, analysed.carries_resources)
     return {
         "summary": parsing.without_nul(analysed.summary),
         "data": parsing.without_nul(analysed.data),
