@@ -1,5 +1,6 @@
 """The request path of POST /api/events: store the body durably, record the event, queue it.
-Nothing here parses the body; triggers.tasks does, in a worker.
+Nothing here reads a report; triggers.tasks does, in a worker. The door takes only a bounded
+look (peek): a small JSON body is parsed to know a resend, and refused when it is no report.
 
 The body is read in bounded chunks, gunzipped on the way when it says so (with a size and a
 ratio limit, so a gzip bomb costs little), hashed, and saved in the `events` storage under
@@ -26,7 +27,7 @@ from relay.api.params import is_whole_number
 from triggers import objects, ratelimit
 from triggers.models import BodyFormat, Event, EventState, Trigger
 from triggers.objects import body_name
-from triggers.parsing import NotAReport, UnreadableReport, load_json, without_nul
+from triggers.parsing import NotAReport, UnreadableReport, load_json, node_budget, plain, without_nul
 from triggers.reports import WHOLE, recognise
 
 log = logging.getLogger(__name__)
@@ -186,7 +187,9 @@ def peek(spool: BinaryIO, fmt: str, size: int) -> tuple[str, str]:
     spool.seek(0)
     if fmt == BodyFormat.JSON and size <= PEEK_WHOLE_JSON:
         try:
-            document = load_json(spool.read())
+            text = spool.read()
+            # As the worker reads it (triggers.reader): the same bounds on nesting and size.
+            document = plain(load_json(text), node_budget(len(text)))
             found = recognise(document)
         except UnreadableReport as exc:
             if isinstance(exc, NotAReport):

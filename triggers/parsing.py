@@ -155,6 +155,12 @@ def _first_line(exc: Exception) -> str:
     return " ".join(str(exc).split())[:300]
 
 
+def node_budget(size: int) -> int:
+    """How many values plain() may walk in a document of `size` bytes: a value needs a few
+    bytes of text, unless aliases multiply it, so anything far beyond is a bomb."""
+    return 1_000_000 + size // 2
+
+
 def plain(document: Any, budget: int) -> Any:
     """A copy of `document` in JSON's types only (str keys, lists), walked at most `budget`
     nodes and MAX_DEPTH deep: an alias bomb or a deep pile of brackets ends here, fast."""

@@ -112,8 +112,7 @@ def _read(fd: int, body_format: str, filters: Filters, files: list[BinaryIO]) ->
     with open(fd, "rb", closefd=False) as body:
         body.seek(0)
         data = body.read()
-    # A node needs a few bytes of text, unless aliases multiply it: anything far beyond is a bomb.
-    budget = 1_000_000 + len(data) // 2
+    budget = parsing.node_budget(len(data))
     if body_format == BodyFormat.YAML:
         document = parsing.read_yaml(data, budget)
     else:
