@@ -189,3 +189,17 @@ def test_the_module_2x_body_and_a_json_report_are_taken_as_before(make_trigger):
     )
     whole = push(token, json.dumps({"host": "web3", "status": "failed", "data": {"x": 1}}).encode())
     assert (whole.state, whole.host, whole.data["host"]) == ("matched", "web3", "web3")
+
+
+@pytest.mark.parametrize("config", ["0042", "Infinity", "1e5", "abc: def"])
+def test_the_versions_in_the_summary_text_stay_text(make_trigger, config):
+    """A config_version script may print anything; it is the event's configuration_version
+    as written, not a number made of it (nor NaN or an infinity, which no database keeps)."""
+    _, token = make_trigger()
+    data = sent("1.0.0-changed")
+    text = data["report"]["summary"]
+    data["report"]["summary"] = text.replace("Config: 1795687071\n", f"Config: {config}\n")
+    assert data["report"]["summary"] != text
+    event = push(token, json.dumps({"data": data}).encode())
+    assert (event.state, event.summary["configuration_version"]) == ("matched", config)
+    assert event.summary["metrics"]["changes"] == {"total": 3}

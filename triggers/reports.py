@@ -13,6 +13,7 @@ the report came: see event_data.
 
 import fnmatch
 import json
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -213,7 +214,8 @@ def _analyse_older_push(found: Recognised) -> Report:
     text = report.get("summary")
     sections = summary_sections(text) if isinstance(text, str) else {}
     application, version = sections.get("application", {}), sections.get("version", {})
-    resources, events = sections.get("resources", {}), sections.get("events", {})
+    resources = {name: _number(value) for name, value in sections.get("resources", {}).items()}
+    events = {name: _number(value) for name, value in sections.get("events", {}).items()}
     summary: dict[str, Any] = dict.fromkeys(SUMMARY_FIELDS)
     status = report.get("status")
     if status not in ("failed", "changed", "unchanged"):
@@ -239,9 +241,9 @@ def _analyse_older_push(found: Recognised) -> Report:
         if summary[field] is not None:
             summary[field] = str(summary[field])
     summary["metrics"] = {
-        category: values
+        category: {name: _number(value) for name, value in values.items()}
         for category, values in sections.items()
-        if category not in ("application", "version")
+        if category not in ("application", "version")  # texts, not metrics
     }
     summary["resources"] = []
     summary["resources_total"] = 0
@@ -251,18 +253,18 @@ def _analyse_older_push(found: Recognised) -> Report:
     )
 
 
-def summary_sections(text: str) -> dict[str, dict[str, Any]]:
+def summary_sections(text: str) -> dict[str, dict[str, str]]:
     """Report#summary's text read back: each section (`Events:`) with its values (`   Noop:
-    2`), under the names Puppet labelized (`out_of_sync` from `Out of sync`); numbers as
-    numbers. Zeros are not in the text, and so not here."""
-    sections: dict[str, dict[str, Any]] = {}
-    current: dict[str, Any] | None = None
+    2`) as text, under the names Puppet labelized (`out_of_sync` from `Out of sync`). Zeros
+    are not in the text, and so not here."""
+    sections: dict[str, dict[str, str]] = {}
+    current: dict[str, str] | None = None
     for line in text.splitlines():
         if line and not line[0].isspace() and line.endswith(":"):
             current = sections.setdefault(_unlabel(line[:-1]), {})
         elif current is not None and ":" in line:
             label, _, value = line.strip().partition(":")
-            current[_unlabel(label)] = _number(value.strip())
+            current[_unlabel(label)] = value.strip()
     return sections
 
 
@@ -270,11 +272,16 @@ def _unlabel(label: str) -> str:
     return label.strip().lower().replace(" ", "_")
 
 
+_INTEGER = re.compile(r"-?[0-9]+")
+_DECIMAL = re.compile(r"-?[0-9]+\.[0-9]+")  # Puppet writes fractions with two decimals
+
+
 def _number(text: str) -> Any:
-    try:
-        return int(text) if text.lstrip("-").isdigit() else float(text)
-    except ValueError:
-        return text
+    """A metric's value as Puppet wrote it: a whole number, a decimal, or the text as it is
+    (never NaN or an infinity, which no JSON holds)."""
+    if _INTEGER.fullmatch(text):
+        return int(text)
+    return float(text) if _DECIMAL.fullmatch(text) else text
 
 
 def _positive(value: Any) -> bool:
