@@ -203,3 +203,16 @@ def test_the_versions_in_the_summary_text_stay_text(make_trigger, config):
     event = push(token, json.dumps({"data": data}).encode())
     assert (event.state, event.summary["configuration_version"]) == ("matched", config)
     assert event.summary["metrics"]["changes"] == {"total": 3}
+
+
+def test_the_event_api_shows_an_older_body_and_filters_by_its_status(make_trigger, alice_api):
+    trigger, token = make_trigger()
+    failed = push(token, body("1.2.0-failed"))
+    push(token, body("1.1.0-changed"))
+    url = f"/api/triggers/{trigger.pk}/events/"
+    listed = alice_api.get(url, {"status": "failed"}).json()["results"]
+    assert [event["id"] for event in listed] == [str(failed.pk)]
+    shown = alice_api.get(f"{url}{failed.pk}/").json()
+    assert shown["data"] == sent("1.2.0-failed")
+    logs = alice_api.get(f"{url}{failed.pk}/parts/logs")
+    assert json.loads(b"".join(logs.streaming_content)) == sent("1.2.0-failed")["report"]["logs"]
