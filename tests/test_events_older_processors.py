@@ -167,6 +167,9 @@ REFUSED = [
     (b'{"host": "caf\xe9"}', 400, "not valid UTF-8"),
     (b'{"host": "deep", "x": ' + b"[" * 100 + b"]" * 100 + b"}", 400, "nested deeper than 64"),
     (b'{"host": "deep", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, "nested deeper than 64"),
+    # Larger than the door reads whole: scanned for a host key, which no report lacks.
+    (json.dumps({"data": {"report": {"logs": ["x" * 100] * 3000}}}).encode(), 422, "no host anywhere"),
+    (b"[" + b'"hostname", ' * 30_000 + b"1]", 422, "no host anywhere"),
 ]
 
 

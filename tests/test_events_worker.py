@@ -166,10 +166,10 @@ def past_the_door(body: bytes) -> bytes:
         (b"host: caf\xe9\n", "application/x-yaml", "not valid UTF-8"),
         (past_the_door(b'{"host": "caf\xe9"}'), "application/json", "not valid UTF-8"),
         (b"host: [unclosed", "application/x-yaml", "cannot be read"),
-        (past_the_door(b"{not json"), "application/json", "cannot be read"),
+        (b"{not json", "application/x-yaml", "cannot be read"),
         (b"- just\n- a list\n", "application/x-yaml", "not a mapping"),
-        (past_the_door(b'{"status": "changed"}'), "application/json", "no host"),
-        (past_the_door(b'"a string"'), "application/json", "not a mapping"),
+        (b'{"status": "changed"}', "application/x-yaml", "no host"),
+        (b'"a string"', "application/x-yaml", "not a mapping"),
         (
             past_the_door(b'{"data": {"host": "x"}, "key": {"a": 1}}'),
             "application/json",
@@ -178,8 +178,8 @@ def past_the_door(body: bytes) -> bytes:
     ],
 )
 def test_unreadable_documents_fail_with_a_reason_and_fast(make_trigger, body, content_type, reason):
-    """What the door does not read whole (YAML, JSON past PEEK_WHOLE_JSON) is stored, and the
-    worker says why it cannot read it (smaller JSON is refused at the door: see
+    """What the door does not read whole (YAML, JSON past PEEK_WHOLE_JSON with a host key) is
+    stored, and the worker says why it cannot read it (other JSON is refused at the door: see
     tests/test_events_older_processors.py)."""
     _, token = make_trigger()
     started = time.monotonic()

@@ -171,10 +171,10 @@ def store(
 # which is cheap in C, and recognised as the worker would (triggers.reports.recognise): one
 # that is no JSON, or no report of any shape the worker reads, is refused now with the reason
 # (the module's processors count any 2xx as delivered: a 202 and then `failed` is a report
-# lost without a trace). Anything else has only its first PEEK_BYTES scanned for the report's
-# top-level transaction_uuid (Puppet writes it in the first lines). The worker reads the real
-# values later and settles any race between resends that both got past this (see Event's
-# unique constraints).
+# lost without a trace); a larger JSON body is scanned for a host key at least. Anything else
+# has only its first PEEK_BYTES scanned for the report's top-level transaction_uuid (Puppet
+# writes it in the first lines). The worker reads the real values later and settles any race
+# between resends that both got past this (see Event's unique constraints).
 PEEK_WHOLE_JSON = 256 * 1024
 PEEK_BYTES = 8 * 1024
 _UUID_YAML = re.compile(rb"(?m)^transaction_uuid: ['\"]?([0-9A-Za-z-]{1,64})['\"]?[ \t]*\r?$")
@@ -183,7 +183,8 @@ _UUID_JSON = re.compile(rb'"transaction_uuid"\s*:\s*"([0-9A-Za-z-]{1,64})"')
 
 def peek(spool: BinaryIO, fmt: str, size: int) -> tuple[str, str]:
     """(transaction_uuid, key) as far as a bounded look tells; "" where it does not. Raises
-    a 400 (not JSON) or a 422 (not a report) for a JSON body it reads whole."""
+    a 400 (not JSON) or a 422 (not a report) for a JSON body it reads whole, and a 422 for a
+    larger JSON body with no host key anywhere."""
     spool.seek(0)
     if fmt == BodyFormat.JSON and size <= PEEK_WHOLE_JSON:
         try:
@@ -201,9 +202,31 @@ def peek(spool: BinaryIO, fmt: str, size: int) -> tuple[str, str]:
         return without_nul(uuid[:64] if isinstance(uuid, str) else ""), without_nul(
             str(key)[:255] if isinstance(key, str | int) else ""
         )
+    if fmt == BodyFormat.JSON and not _mentions(spool, HOST_KEY):
+        raise UnprocessableContent(
+            'Not a Puppet report: it has no host anywhere (no `"host"` key in the whole body).'
+        )
+    spool.seek(0)
     head = spool.read(PEEK_BYTES)
     match = (_UUID_YAML if fmt == BodyFormat.YAML else _UUID_JSON).search(head)
     return (match.group(1).decode() if match else ""), ""
+
+
+# Every JSON report names its host with this key (Ruby's to_json and Python's json write it as
+# it is): a larger body without it anywhere is no report of any shape, whatever else it holds.
+HOST_KEY = b'"host"'
+
+
+def _mentions(spool: BinaryIO, needle: bytes) -> bool:
+    """Whether the spooled body holds `needle`, read in CHUNKs (a chunk's end overlaps the
+    next one's start, so no match is cut in two)."""
+    spool.seek(0)
+    tail = b""
+    while chunk := spool.read(CHUNK):
+        if needle in tail + chunk:
+            return True
+        tail = chunk[-(len(needle) - 1) :]
+    return False
 
 
 def _resent(trigger: Trigger, sha256: str, transaction_uuid: str, key: str) -> Event | None:
