@@ -234,8 +234,12 @@ class RunCreateSerializer(RejectUnknownFields, serializers.Serializer):
         if platform == Platform.PE and not attrs.get("environment"):
             errors["environment"] = "This connection's bridge runs Puppet Enterprise: give an environment."
         if platform == Platform.OSS:
-            if kind != RunType.RUN:
-                errors["type"] = "This connection's bridge runs open source Puppet: only type 'run'."
+            # Bolt runs tasks on open source Puppet (on a list of nodes); plans need PE.
+            bolt = self.context["connection"].bridge_backend == "bolt"
+            if kind == RunType.PLAN_RUN or (kind == RunType.TASK_RUN and not bolt):
+                errors["type"] = "This connection's bridge runs open source Puppet: only type 'run'" + (
+                    ", and task-run with its Bolt backend." if kind == RunType.TASK_RUN else "."
+                )
             elif "scope" in attrs and "nodes" not in attrs["scope"]:
                 errors["scope"] = "This connection's bridge runs open source Puppet: only the nodes scope."
         if errors:

@@ -250,7 +250,8 @@ class BoltJob:
             error = self.errors.read_text(errors="replace")[-TAIL_CHARS:] if self.errors.exists() else ""
             code = self.proc.returncode if self.proc is not None else "while the bridge was down"
             why = "it was stopped" if self.stopped else f"it exited {code}"
-            msg = f"Bolt gave no results ({why}): {error.strip() or 'no output'}"
+            said = _bolt_error(self.output)  # with --format json, Bolt's own error is on stdout
+            msg = f"Bolt gave no results ({why}): {said or error.strip() or 'no output'}"
             return "error", {"result": {"msg": msg}}
         by_target = {item.get("target"): item for item in items if isinstance(item, dict)}
         if self.task:
@@ -261,6 +262,20 @@ class BoltJob:
         job_id, max_bytes = reports.reading_of(self.reading)
         nodes = [_node(name, by_target.get(name), duration, job_id, max_bytes) for name in self.nodes]
         return outcome_of(nodes), {"nodes": [n.as_json() for n in nodes]}
+
+
+def _bolt_error(output: Path) -> str:
+    """Bolt's error document (`{"kind", "msg", "details"}`) as a line, or ""."""
+    try:
+        document = json.loads(output.read_text(errors="replace")[:100_000])
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(document, dict) or not isinstance(document.get("msg"), str):
+        return ""
+    kind = document.get("kind")
+    return (
+        f"{kind}: {document['msg']}"[:TAIL_CHARS] if isinstance(kind, str) else document["msg"][:TAIL_CHARS]
+    )
 
 
 def _items(output: Path) -> list[Any] | None:
