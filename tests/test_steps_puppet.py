@@ -261,8 +261,6 @@ def test_task_run_start_takes_the_published_spec_schema(puppet, alice):
     [
         ({"name": "package"}, "spec.scope: give the task's nodes"),
         ({"name": "package", "targets": [{"name": "a"}]}, "spec.scope: give the task's nodes"),
-        ({"scope": {"nodes": ["a"]}}, "spec.name: A task-run needs the name of its task."),
-        ({"scope": {"nodes": ["Bad Name"]}, "name": "x"}, "spec.scope.nodes[0]: Not a valid certname"),
         ({"scope": {"application": "App[x]"}, "name": "x"}, "spec.scope: A task run's scope is one of"),
         ({"scope": {"nodes": ["a"]}, "name": "x", "targets": ["a"]}, "spec.targets: With a scope, targets"),
         (
