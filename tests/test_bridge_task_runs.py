@@ -18,6 +18,7 @@ from relay_bridge.worker import RunWorker
 
 from puppet_connection.models import PuppetConnection
 from runs.models import Run
+from tests.bridge_helpers import wait_for
 from tests.standins.orchestrator import Orchestrator
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -228,3 +229,28 @@ def test_the_ssh_backend_refuses_task_runs_with_an_error_outcome(live_server, to
     assert run.run_results == {
         "result": {"msg": "The ssh backend cannot do task-runs; use the Bolt or PE orchestrator backend."}
     }
+
+
+def test_a_bolt_task_outlives_a_bridge_restart(modules, bolt_log, tmp_path, monkeypatch):
+    """The job's handle (kept in the run's record) finds the task's Bolt again, and its
+    results are read as a task's, not as Puppet's."""
+    monkeypatch.setenv("BOLT_STANDIN_ENV", json.dumps({"web1": {"TASK_SLEEP": "1"}}))
+    (modules / "package" / "tasks" / "init.sh").write_text(
+        '#!/bin/sh\nsleep "${TASK_SLEEP:-0}"\nprintf \'{"slept": "%s"}\\n\' "${TASK_SLEEP:-0}"\n'
+    )
+    backend = BoltBackend({"bolt_path": BOLT, "modulepath": str(modules)})
+    run = {"id": "00000000-0000-0000-0000-000000000003", **task_run({"nodes": ["web1", "web2"]})}
+    first = backend.start(run, tmp_path / "work")
+    handle = json.loads(json.dumps(first.handle()))  # as the record keeps it
+    wait_for(bolt_log.exists, 10, "Bolt to start")  # a restart comes later than its exec
+    assert handle == {"kind": "bolt", "pid": first.pid, "nodes": ["web1", "web2"], "task": True}
+
+    again = backend.attach(handle, tmp_path / "work")  # the bridge restarted meanwhile
+    assert again.wait(30)
+    outcome, results = again.result()
+    assert outcome == "finished"
+    assert [(node["name"], node["result"]) for node in results["nodes"]] == [
+        ("web1", {"slept": "1"}),
+        ("web2", {"slept": "0"}),
+    ]
+    first.wait(5)
