@@ -87,9 +87,104 @@ class ScopeSerializer(RejectUnknownFields, serializers.Serializer):
         return attrs
 
 
+# Credentials a Bolt target object can carry (its `config`): a run is kept in the database
+# and shown to the bridge, so they belong in the bridge's own Bolt inventory or PE, not here.
+TARGET_SECRET_KEYS = {"password", "sudo-password", "private-key-content", "key-data", "token"}
+TASK_SCOPES = ("nodes", "query", "node_group")  # what PE's command/task takes
+
+
+class TargetField(serializers.Field):
+    """One of a task run's `targets`: a Bolt target object (the published shape), or a
+    certname (this service's task runs before scopes, turned into a scope at creation)."""
+
+    default_error_messages = {"invalid": "A Bolt target object, or a certname."}
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, str):
+            return StrictCharField(max_length=255, validators=[certname]).run_validation(data)
+        if not isinstance(data, dict):
+            self.fail("invalid")
+        secret = _secret_key(data)
+        if secret:
+            raise serializers.ValidationError(
+                f"`{secret}` is a credential: give it to the bridge (its Bolt inventory, or PE), "
+                "not to a run, which is stored and shown.",
+                "secret",
+            )
+        return StoredJSONField().run_validation(data)
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+def _secret_key(value: Any) -> str | None:
+    pending = [value]  # a loop, not recursion: the depth of a document is the client's
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            for key in item:
+                if str(key).lower() in TARGET_SECRET_KEYS:
+                    return str(key)
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return None
+
+
+@extend_schema_field(
+    {
+        "type": "array",
+        "maxItems": settings.RUN_MAX_NODES,
+        "items": {
+            "oneOf": [
+                {"type": "object"},
+                {"type": "string", "pattern": certname.regex.pattern, "maxLength": 255},
+            ]
+        },
+    }
+)
+class TargetsField(serializers.ListField):
+    child = TargetField()
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(max_length=settings.RUN_MAX_NODES, **kwargs)
+
+    def to_internal_value(self, data: Any) -> list[Any]:
+        targets = super().to_internal_value(data)
+        if json_size(targets) > PARAMS_MAX_BYTES:
+            raise serializers.ValidationError(f"Over {PARAMS_MAX_BYTES} bytes.", "max_length")
+        return targets
+
+
+def task_run_shape(attrs: dict[str, Any]) -> dict[str, str]:
+    """A task run as the published task-run-start sends it: `scope` (nodes, query or
+    node_group) and `targets`, Bolt target objects (optional). The shape this service took
+    before, certnames as `targets` and no scope, is still taken and made that: scope
+    `{nodes: targets}`, no targets. Returns the errors; fixes `attrs` in place."""
+    targets = attrs.get("targets") or []
+    names = [t for t in targets if isinstance(t, str)]
+    if "scope" not in attrs:
+        if targets and len(names) == len(targets):
+            attrs["scope"], attrs["targets"] = {"nodes": list(dict.fromkeys(names))}, []
+            return {}
+        return {"scope": "A task run needs a scope: nodes, query or node_group."}
+    errors = {}
+    kind = next(iter(attrs["scope"]))
+    if kind not in TASK_SCOPES:
+        errors["scope"] = f"A task run's scope is one of {', '.join(TASK_SCOPES)}; not {kind}."
+    if names:
+        errors["targets"] = "With a scope, targets are Bolt target objects, not certnames."
+    attrs.setdefault("targets", [])
+    return errors
+
+
 class RunCreateSerializer(RejectUnknownFields, serializers.Serializer):
     type = serializers.ChoiceField(choices=RunType.choices, default=RunType.RUN)
-    environment = StrictCharField(max_length=255, required=False, validators=[environment_name])
+    # null is no environment: the published task-run-start sends `environment: null` when
+    # its spec has none.
+    environment = StrictCharField(
+        max_length=255, required=False, allow_null=True, validators=[environment_name]
+    )
     scope = ScopeSerializer(required=False)
     noop = StrictBooleanField(default=False)
     no_noop = StrictBooleanField(default=False)
@@ -98,7 +193,7 @@ class RunCreateSerializer(RejectUnknownFields, serializers.Serializer):
     evaltrace = StrictBooleanField(default=False)
     name = StrictCharField(max_length=255, required=False, validators=[task_name])
     params = JSONObjectField(required=False)
-    targets = certname_list(required=False)
+    targets = TargetsField(required=False)
 
     def validate_environment(self, value: str) -> str:
         if value in RESERVED_ENVIRONMENTS:
@@ -111,6 +206,8 @@ class RunCreateSerializer(RejectUnknownFields, serializers.Serializer):
         return value
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs.get("environment") is None:
+            attrs.pop("environment", None)
         errors: dict[str, str] = {}
         kind = attrs["type"]
         if attrs["noop"] and attrs["no_noop"]:
@@ -124,20 +221,25 @@ class RunCreateSerializer(RejectUnknownFields, serializers.Serializer):
         else:
             if "name" not in attrs:
                 errors["name"] = f"A {kind} needs the name of its {kind.split('-')[0]}."
-            if "scope" in attrs:
-                errors["scope"] = "Task runs take targets and plan runs take none; not a scope."
-            if kind == RunType.TASK_RUN and "targets" not in attrs:
-                errors["targets"] = "A task run needs targets."
-            if kind == RunType.PLAN_RUN and "targets" in attrs:
-                errors["targets"] = "A plan run takes no targets; its plan chooses them."
+            if kind == RunType.TASK_RUN:
+                errors.update(task_run_shape(attrs))
+            else:
+                if "scope" in attrs:
+                    errors["scope"] = "A plan run takes no scope; its plan chooses its targets."
+                if "targets" in attrs:
+                    errors["targets"] = "A plan run takes no targets; its plan chooses them."
             attrs.setdefault("params", {})
 
         platform = self.context["connection"].platform
         if platform == Platform.PE and not attrs.get("environment"):
             errors["environment"] = "This connection's bridge runs Puppet Enterprise: give an environment."
         if platform == Platform.OSS:
-            if kind != RunType.RUN:
-                errors["type"] = "This connection's bridge runs open source Puppet: only type 'run'."
+            # Bolt runs tasks on open source Puppet (on a list of nodes); plans need PE.
+            bolt = self.context["connection"].bridge_backend == "bolt"
+            if kind == RunType.PLAN_RUN or (kind == RunType.TASK_RUN and not bolt):
+                errors["type"] = "This connection's bridge runs open source Puppet: only type 'run'" + (
+                    ", and task-run with its Bolt backend." if kind == RunType.TASK_RUN else "."
+                )
             elif "scope" in attrs and "nodes" not in attrs["scope"]:
                 errors["scope"] = "This connection's bridge runs open source Puppet: only the nodes scope."
         if errors:
