@@ -1,6 +1,7 @@
 """Script steps on real workers: an engine worker (queue `celery`) and a worker of the `steps`
 queue that runs real bubblewrap sandboxes, against the live server's step runtime API."""
 
+import contextlib
 import os
 import signal
 import ssl
@@ -108,6 +109,23 @@ def kill_tree(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def crash(pid: int) -> None:
+    """A process and every process under it stopped at once, as a machine's crash stops them:
+    each is frozen (SIGSTOP, parents first) before any is killed, so none sees another die
+    and cleans up after it, as kill_tree's children-first order lets a parent do."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGSTOP)
+    tree = [pid]
+    for parent in tree:  # grows as it goes: breadth first
+        for child in children_of(parent):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGSTOP)  # before its own children are looked for
+            tree.append(child)
+    for each in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(each, signal.SIGKILL)
 
 
 def children_of(pid: int) -> list[int]:
