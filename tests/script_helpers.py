@@ -111,10 +111,9 @@ def kill_tree(pid: int) -> None:
         pass
 
 
-def crash(pid: int) -> None:
-    """A process and every process under it stopped at once, as a machine's crash stops them:
-    each is frozen (SIGSTOP, parents first) before any is killed, so none sees another die
-    and cleans up after it, as kill_tree's children-first order lets a parent do."""
+def freeze(pid: int) -> list[int]:
+    """SIGSTOP a process and every process under it, parents first (none can start another
+    meanwhile); returns them all."""
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGSTOP)
     tree = [pid]
@@ -123,7 +122,14 @@ def crash(pid: int) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signal.SIGSTOP)  # before its own children are looked for
             tree.append(child)
-    for each in tree:
+    return tree
+
+
+def crash(pid: int) -> None:
+    """A process and every process under it stopped at once, as a machine's crash stops them:
+    each is frozen before any is killed, so none sees another die and cleans up after it, as
+    kill_tree's children-first order lets a parent do."""
+    for each in freeze(pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(each, signal.SIGKILL)
 
