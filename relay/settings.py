@@ -342,7 +342,7 @@ RUN_RESULTS_MAX_BYTES = env.int("RUN_RESULTS_MAX_BYTES", default=1024 * 1024)  #
 RUN_STATE_MAX_BODY_BYTES = env.int("RUN_STATE_MAX_BODY_BYTES", default=64 * 1024 * 1024)
 RUN_LONG_POLL_MAX = 60
 # Long-polls one connection may hold waiting in one web process; more answer at once. Per
-# process: a deployment holds at most this times its web processes (WEB_CONCURRENCY × nodes).
+# process: a deployment holds at most this times its web processes (WEB_CONCURRENCY times the nodes).
 RUN_LONG_POLL_MAX_WAITERS = env.int("RUN_LONG_POLL_MAX_WAITERS", default=4)
 # Threads of each web process for Django's synchronous code (relay.django_asgi).
 WEB_THREADS = env.int("WEB_THREADS", default=16)
