@@ -311,6 +311,25 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+# Every node runs a beat (`worker --beat`, the Procfile); one is active. celery-redbeat keeps
+# the schedule in Redis, and the active beat holds a lock there that it extends at each tick
+# (at least every BEAT_MAX_LOOP_INTERVAL seconds) to BEAT_LOCK_TIMEOUT seconds; the others try
+# to take it every BEAT_MAX_LOOP_INTERVAL seconds. So the periodic work goes on within
+# BEAT_LOCK_TIMEOUT + BEAT_MAX_LOOP_INTERVAL seconds of the death of the node that ran it
+# (at once after a clean stop, which releases the lock). relay.beat keeps a beat that lost its
+# lock (Redis unreachable for longer than that) waiting for it rather than exiting.
+# `make run` without Redis (the filesystem broker): Celery's file scheduler, one machine.
+BEAT_LOCK_TIMEOUT = env.int("BEAT_LOCK_TIMEOUT", default=30)
+CELERY_BEAT_MAX_LOOP_INTERVAL = env.float("BEAT_MAX_LOOP_INTERVAL", default=5.0)
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    CELERY_BEAT_SCHEDULER = "celery.beat:PersistentScheduler"
+else:
+    CELERY_BEAT_SCHEDULER = "relay.beat:Scheduler"
+    CELERY_REDBEAT_REDIS_URL = REDIS_URL
+    CELERY_REDBEAT_REDIS_OPTIONS: dict = {}
+    # Deployments sharing a Redis have a schedule and a lock each.
+    CELERY_REDBEAT_KEY_PREFIX = f"{RELAY_DEPLOYMENT_ID or 'relay'}:redbeat:"
+    CELERY_REDBEAT_LOCK_TIMEOUT = BEAT_LOCK_TIMEOUT
 
 # Runs (/_puppet/runs). Times in seconds.
 RUN_MAX_HEARTBEAT_INTERVAL = env.int("RUN_MAX_HEARTBEAT_INTERVAL", default=3600)
@@ -322,7 +341,8 @@ RUN_RESULTS_MAX_BYTES = env.int("RUN_RESULTS_MAX_BYTES", default=1024 * 1024)  #
 # A state PUT carries a whole fleet's results: its body may be larger than other requests'.
 RUN_STATE_MAX_BODY_BYTES = env.int("RUN_STATE_MAX_BODY_BYTES", default=64 * 1024 * 1024)
 RUN_LONG_POLL_MAX = 60
-# Long-polls one connection may hold waiting in one web process; more answer at once.
+# Long-polls one connection may hold waiting in one web process; more answer at once. Per
+# process: a deployment holds at most this times its web processes (WEB_CONCURRENCY times the nodes).
 RUN_LONG_POLL_MAX_WAITERS = env.int("RUN_LONG_POLL_MAX_WAITERS", default=4)
 # Threads of each web process for Django's synchronous code (relay.django_asgi).
 WEB_THREADS = env.int("WEB_THREADS", default=16)

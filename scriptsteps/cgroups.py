@@ -10,9 +10,11 @@ to the sandbox's uid), before bubblewrap starts, so nothing it starts is ever ou
 On a machine without them (cgroup v2 only, or no permission) `available()` is False and the
 sandbox falls back to rlimits (sandbox.py)."""
 
+import contextlib
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,6 +132,20 @@ def remove_stale(parent: str, older_than: float) -> int:
             except OSError:
                 pass  # in use again, or gone meanwhile
     return removed
+
+
+def remove_orphans(parent: str, orphaned: Callable[[str], bool]) -> int:
+    """Remove the step cgroups whose names `orphaned` picks (their worker process is gone:
+    scriptsteps.leftovers), killing any process still in them first. Returns how many steps'
+    cgroups went."""
+    names: set[str] = set()
+    for controller in CONTROLLERS:
+        with contextlib.suppress(OSError):
+            entries = os.scandir(_parent(controller, parent))
+            names.update(entry.name for entry in entries if entry.is_dir() and orphaned(entry.name))
+    for name in names:
+        StepCgroup(name, parent).remove()
+    return len(names)
 
 
 def _counter(path: Path, key: str) -> int:

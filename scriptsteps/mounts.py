@@ -28,6 +28,8 @@ from pathlib import Path
 
 from django.conf import settings
 
+from scriptsteps.owners import owner_tag
+
 
 class Unreachable(Exception):
     """STEP_MOUNT_DIR cannot be made, or is not where a sandbox's uid can reach it."""
@@ -91,8 +93,9 @@ def python_dir() -> Path:
 
 
 def private_dir(prefix: str) -> Path:
-    """A new directory under STEP_MOUNT_DIR, mode 0700, for the caller to set up (and remove)."""
-    return Path(tempfile.mkdtemp(prefix=prefix, dir=root()))
+    """A new directory under STEP_MOUNT_DIR, mode 0700, for the caller to set up (and remove),
+    named after this process (scriptsteps.leftovers removes it once the process is gone)."""
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{owner_tag()}-", dir=root()))
 
 
 def _copy(source: Path, name: str, version: tuple[int, ...]) -> Path:

@@ -37,7 +37,7 @@ from typing import Any
 
 from django.conf import settings
 
-from scriptsteps import cgroups, mounts, network
+from scriptsteps import cgroups, mounts, network, owners
 
 SCRIPT_PATH = "/var/run/puppet/relay/config/input-script"  # where relay-core mounts `input`
 PYTHON_PATH = "/usr/local/lib/relay-python"
@@ -336,7 +336,9 @@ def _run(
 ) -> Result:
     uid, gid = slot.uid, slot.gid
     group = (
-        cgroups.StepCgroup(f"step-{uuid.uuid4().hex}", settings.STEP_CGROUP_PARENT) if use_cgroups() else None
+        cgroups.StepCgroup(f"step-{owners.owner_tag()}-{uuid.uuid4().hex}", settings.STEP_CGROUP_PARENT)
+        if use_cgroups()
+        else None
     )
     if group is not None:
         cgroups.remove_stale(settings.STEP_CGROUP_PARENT, older_than=settings.STEP_WALL_TIME + 300)

@@ -6,11 +6,22 @@ so a worker that dies mid-script loses the message on purpose; the step then end
 check (services.follow: `lost` after STEP_LOST_AFTER seconds, or sent again, a bounded number
 of times, if it was never taken)."""
 
-from celery import shared_task
+from typing import Any
 
-from scriptsteps import services
+from celery import shared_task
+from celery.signals import celeryd_after_setup
+
+from scriptsteps import leftovers, services
 
 
 @shared_task(acks_late=False, ignore_result=True)
 def run_script(step_run_id: str) -> None:
     services.execute(step_run_id)
+
+
+@celeryd_after_setup.connect
+def remove_leftovers(sender: str, instance: Any, **kwargs: Any) -> None:
+    """A steps worker, as it starts, removes what this machine's steps workers that are gone
+    left behind (scriptsteps.leftovers)."""
+    if "steps" in (instance.app.amqp.queues.consume_from or {}):
+        leftovers.clean()

@@ -1,6 +1,7 @@
 """Script steps on real workers: an engine worker (queue `celery`) and a worker of the `steps`
 queue that runs real bubblewrap sandboxes, against the live server's step runtime API."""
 
+import contextlib
 import os
 import signal
 import ssl
@@ -108,6 +109,29 @@ def kill_tree(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def freeze(pid: int) -> list[int]:
+    """SIGSTOP a process and every process under it, parents first (none can start another
+    meanwhile); returns them all."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGSTOP)
+    tree = [pid]
+    for parent in tree:  # grows as it goes: breadth first
+        for child in children_of(parent):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGSTOP)  # before its own children are looked for
+            tree.append(child)
+    return tree
+
+
+def crash(pid: int) -> None:
+    """A process and every process under it stopped at once, as a machine's crash stops them:
+    each is frozen before any is killed, so none sees another die and cleans up after it, as
+    kill_tree's children-first order lets a parent do."""
+    for each in freeze(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(each, signal.SIGKILL)
 
 
 def children_of(pid: int) -> list[int]:

@@ -3,8 +3,13 @@ mid-script (the sandbox dies with it, the step ends `failure` with the reason in
 waiting forever), and other images with a container runtime configured (the docker CLI, with
 no engine to talk to: what can be checked here)."""
 
+import contextlib
+import os
 import shutil
+import tempfile
+import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 import redis
@@ -13,9 +18,9 @@ from django.conf import settings
 from scriptsteps import cgroups, container, sandbox
 from scriptsteps.models import ScriptRun
 from tests.events_helpers import clear_queues, wait_until
-from tests.script_helpers import kill_tree, sandbox_processes, script_workers
+from tests.script_helpers import LIMITS, crash, kill_tree, sandbox_processes, script_workers
 from tests.test_script_steps import log_of
-from tests.workflow_helpers import finished, run_of, step_in
+from tests.workflow_helpers import EngineWorker, finished, run_of, step_in
 from workflows import engine
 from workflows.models import StepRun
 from workflows.steps.base import StepContext
@@ -73,6 +78,79 @@ def test_a_worker_killed_mid_script_takes_its_sandbox_along_and_the_step_fails_s
     assert left and all(not (path / "tasks").read_text() for path in left)
     assert cgroups.remove_stale(settings.STEP_CGROUP_PARENT, older_than=0) >= 3 * len(left)
     assert not list((cgroups.ROOT / "pids" / settings.STEP_CGROUP_PARENT).glob("step-*"))
+
+
+@pytest.fixture
+def own_mounts_and_cgroups():
+    """A STEP_MOUNT_DIR and a STEP_CGROUP_PARENT of this test's own, which no other test's (or
+    other test session's) workers write to. Under /run: every sandbox uid may reach it."""
+    mount_dir = Path(tempfile.mkdtemp(prefix="relay-step-mounts-test-", dir="/run"))
+    os.chmod(mount_dir, 0o755)
+    parent = f"relay-steps-test-{uuid.uuid4().hex[:8]}"
+    yield mount_dir, parent
+    shutil.rmtree(mount_dir, ignore_errors=True)
+    cgroups.remove_orphans(parent, lambda name: name.startswith("step-"))
+    for controller in cgroups.CONTROLLERS:
+        with contextlib.suppress(OSError):
+            (cgroups.ROOT / controller / parent).rmdir()
+
+
+def test_a_steps_worker_starting_removes_what_dead_workers_left_and_nothing_of_live_ones(
+    start_workers, own_mounts_and_cgroups, owner, bao, live_server, tmp_path
+):
+    """A SIGKILLed steps worker leaves its step's network directory and cgroups, and its
+    processes' generated /etc: the next steps worker to start on the machine removes them, and
+    a third one starting while the second runs a script leaves the second's alone."""
+    mount_dir, parent = own_mounts_and_cgroups
+    env = {"STEP_MOUNT_DIR": str(mount_dir), "STEP_CGROUP_PARENT": parent}
+
+    def leftovers() -> set[str]:
+        return {path.name for path in mount_dir.glob("[ne][et][tc]-*")} | {
+            path.name for path in (cgroups.ROOT / "pids" / parent).glob("step-*")
+        }
+
+    def steps_worker(name: str) -> EngineWorker:
+        common = {
+            "VAULT_ADDR": bao.addr,
+            "VAULT_TOKEN": bao.root().token,
+            "STEP_RUNTIME_URL": live_server.url,
+        }
+        limits = {**LIMITS, "STEP_WALL_TIME": "60"}
+        return EngineWorker(
+            tmp_path / f"{name}.log", concurrency=2, queues="steps", **common, **limits, **env
+        )
+
+    _, dead = start_workers(**env)
+    run = run_of(
+        owner,
+        "apiVersion: v1\nsteps:\n- {name: long, image: relaysh/core, input: [echo started, sleep 60]}\n",
+    )
+    wait_until(lambda: "started" in log_of(run, "long"), 30)
+    left = leftovers()
+    assert {name.split("-")[0] for name in left} == {"net", "etc", "step"}, left
+    crash(dead.process.pid)
+    dead.process.wait(timeout=10)
+    wait_until(lambda: not sandbox_processes(), 10)
+    assert leftovers() == left  # nobody was left to remove them
+
+    live = steps_worker("live")
+    try:
+        assert not leftovers() & left  # gone as the next steps worker started
+        second = run_of(
+            owner,
+            "apiVersion: v1\nsteps:\n- {name: b, image: relaysh/core, input: [echo started, sleep 15]}\n",
+            name="second",
+        )
+        wait_until(lambda: "started" in log_of(second, "b"), 30)
+        running = leftovers()
+        assert {name.split("-")[0] for name in running} == {"net", "etc", "step"}, running
+        third = steps_worker("third")
+        third.stop()
+        assert leftovers() >= running  # a live worker's: kept
+        assert StepRun.objects.get(run=second).status == "in-progress"  # (still running, so still its)
+        assert finished(second, timeout=60).outcome == "success"
+    finally:
+        live.stop()
 
 
 def test_other_images_go_to_the_configured_container_runtime(start_workers, owner):
