@@ -42,7 +42,7 @@ from tests.puppetserver import PuppetServer
 from tests.slack_standin import SlackStandIn
 from tests.sshd import Sshd, alive
 from tests.test_events_push_body import motd
-from tests.test_workflow_triggers import readme_example
+from tests.test_workflow_triggers import documented_example
 from tests.workflow_helpers import EngineWorker
 from triggers.models import Event
 from workflows import engine
@@ -459,7 +459,7 @@ def test_a_real_noop_report_starts_a_run_and_cancelling_it_while_puppet_runs_sto
 def test_a_worker_killed_while_it_posts_to_slack_loses_nothing(
     ops: Ops, workers: Workers, slack: SlackStandIn
 ):
-    ops.workflow("tell-slack", readme_example())
+    ops.workflow("tell-slack", documented_example())
     slack.delays = [10]  # Slack is slow to answer: the worker waits in the step
     changes = motd(noop=False, pending=False)["resource_statuses"]
     run_id = ops.start("tell-slack", {"host": "web1.example.com", "changes": changes})

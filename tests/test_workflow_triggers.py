@@ -445,10 +445,10 @@ def test_a_real_puppet_run_binds_the_same_values_every_way_it_comes(
 
 
 def documented_example() -> str:
-    readme = (Path(__file__).parents[1] / "docs" / "workflows.md").read_text()
+    documented = (Path(__file__).parents[1] / "docs" / "workflows.md").read_text()
     [source] = [
         block
-        for block in re.findall(r"```yaml\n(.*?)```", readme, re.DOTALL)
+        for block in re.findall(r"```yaml\n(.*?)```", documented, re.DOTALL)
         if "relaysh/slack-step-message-send" in block and "type: push" in block
     ]
     return source
