@@ -206,7 +206,7 @@ def test_pe_needs_an_environment_and_open_source_only_runs_on_nodes(token, conne
     problem = assert_problem(pe.post(RUNS, {"scope": {"query": "nodes {}"}}, format="json"), 400)
     assert problem["errors"][0]["pointer"] == "#/environment"
     conn.refresh_from_db()
-    assert (conn.platform, conn.bridge_backend) == ("pe", "orchestrator")
+    assert (conn.reported_platform, conn.reported_backend) == ("pe", "orchestrator")
     assert (
         pe.post(
             RUNS, {"scope": {"query": "nodes {}"}, "environment": "production"}, format="json"

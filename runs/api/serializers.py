@@ -12,7 +12,7 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from puppet_connection.models import Platform
+from puppet_connection.models import Backend, Platform, PuppetConnection
 from relay.api.serializers import (
     JSONObjectField,
     RejectUnknownFields,
@@ -132,17 +132,52 @@ class RunCreateSerializer(RejectUnknownFields, serializers.Serializer):
                 errors["targets"] = "A plan run takes no targets; its plan chooses them."
             attrs.setdefault("params", {})
 
-        platform = self.context["connection"].platform
-        if platform == Platform.PE and not attrs.get("environment"):
-            errors["environment"] = "This connection's bridge runs Puppet Enterprise: give an environment."
-        if platform == Platform.OSS:
-            if kind != RunType.RUN:
-                errors["type"] = "This connection's bridge runs open source Puppet: only type 'run'."
-            elif "scope" in attrs and "nodes" not in attrs["scope"]:
-                errors["scope"] = "This connection's bridge runs open source Puppet: only the nodes scope."
+        for field, message in check_against_connection(attrs, self.context["connection"]).items():
+            errors.setdefault(field, message)
         if errors:
             raise serializers.ValidationError(errors)
         return attrs
+
+
+def check_against_connection(attrs: dict[str, Any], connection: PuppetConnection) -> dict[str, str]:
+    """What the connection's Puppet cannot run, by field: its settings decide (platform,
+    backend), whatever its bridge sends. A connection whose platform was never set is
+    checked against the platform its bridge reported, as before the settings existed; a
+    reported backend decides nothing.
+
+    Puppet Enterprise needs an environment (the orchestrator's deploy does). By backend:
+    the orchestrator runs everything; Bolt runs on a list of nodes (scope `nodes`) and runs
+    tasks (on nodes, or on targets), but the bridge's Bolt backend runs no plans; SSH runs
+    only runs on a list of nodes. Open source Puppet with no backend set: only runs on a
+    list of nodes (what every backend but the orchestrator can do)."""
+    errors: dict[str, str] = {}
+    kind, scope = attrs["type"], attrs.get("scope")
+    platform, backend = connection.platform_for_runs, connection.backend
+    if platform == Platform.PE and not attrs.get("environment"):
+        errors["environment"] = "This connection runs Puppet Enterprise: give an environment."
+    if not backend and platform == Platform.OSS:
+        backend, why = Backend.SSH, "This connection runs open source Puppet"
+    else:
+        why = f"This connection's backend is {Backend(backend).label}" if backend else ""
+    if backend == Backend.SSH:
+        if kind != RunType.RUN:
+            errors["type"] = (
+                f"{why}: only type 'run' (tasks need Bolt or the PE orchestrator, plans the orchestrator)."
+            )
+        elif scope and "nodes" not in scope:
+            errors["scope"] = (
+                f"{why}: only the nodes scope (scope `{next(iter(scope))}` needs the PE orchestrator)."
+            )
+    elif backend == Backend.BOLT:
+        if kind == RunType.PLAN_RUN:
+            errors["type"] = (
+                f"{why}, and the bridge's Bolt backend runs no plans: they need the PE orchestrator."
+            )
+        elif scope and "nodes" not in scope:
+            errors["scope"] = (
+                f"{why}: only the nodes scope (scope `{next(iter(scope))}` needs the PE orchestrator)."
+            )
+    return errors
 
 
 class AcceptSerializer(serializers.Serializer):
