@@ -78,8 +78,6 @@ class ScopeNotFoundError(AgentError):
 class RubyNoMethodError(Exception):
     """Ruby's NoMethodError (nil.length: a scope that is null)."""
 
-    pass
-
 
 class NetHTTPException(Exception):
     """What Net::HTTPResponse#value raises for a non-2xx answer."""
@@ -107,8 +105,6 @@ class NetHTTPFatalError(NetHTTPException):
 
 class RubyNotImplementedError(Exception):
     """Ruby's NotImplementedError, a ScriptError (not a StandardError): Exec rescues it apart."""
-
-    pass
 
 
 def value(response: requests.Response) -> None:

@@ -8,7 +8,10 @@ retries). Were the list to show such a run `pending`, the agent would start a se
 for it: a second deploy, its run directory deleted under the first job, and in the end a
 409 on a PUT, which ends the agent."""
 
+import json
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,16 @@ from django.contrib.auth.models import User
 
 from puppet_connection.models import PuppetConnection
 from runs.models import Run, RunTransition, Status
-from tests.ruby_agent import Agent, Orchestrator, OrchestratorAPI
+from tests.ruby_agent import (
+    Agent,
+    Backend,
+    InvalidDefinitionError,
+    MissingNameError,
+    MissingScopeError,
+    Orchestrator,
+    OrchestratorAPI,
+    RelayAPI,
+)
 from tests.standins.orchestrator import Orchestrator as OrchestratorStandIn
 
 SPEED = 100  # poll every 0.3 s, tick every 0.15 s
@@ -95,3 +107,75 @@ def test_a_slow_starting_backend_gets_one_job_per_run(live_server, token, pe, tm
     assert sorted(j.body["scope"]["nodes"][0] for j in pe.jobs.values()) == sorted(
         f"node-{i}.example.com" for i in range(runs)
     )
+
+
+class CannedRelay:
+    """A server that answers GET _puppet/runs with a fixed list (and nothing else): the
+    model's own behaviour on lists the service would not send today."""
+
+    def __init__(self, runs: list[dict]) -> None:
+        body = json.dumps({"runs": runs}).encode()
+        self.lists = 0
+        canned = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                canned.lists += 1
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+
+
+PENDING = {"status": "pending", "updated_at": "2026-11-26T10:00:00.123456Z"}
+
+
+@pytest.mark.parametrize(
+    ("run", "error"),
+    [
+        ({"type": "task-run", "name": "package", "targets": ["a"]}, MissingScopeError),
+        ({"type": "task-run", "scope": {"nodes": ["a"]}}, MissingNameError),
+        ({"type": "run"}, MissingScopeError),
+        ({"scope": {"nodes": ["a"], "query": "x"}}, InvalidDefinitionError),
+    ],
+)
+def test_the_model_exits_on_a_run_it_cannot_read_as_the_agent_does(tmp_path, run, error):
+    """Dispatch rescues only Net::HTTPError: a model error ends `puppet relay`, at the
+    first poll, before any accept."""
+    relay = CannedRelay([{"id": "8e659097-254a-4b27-bb93-88efea9a9f0e", "state": PENDING, **run}])
+    agent = Agent(relay.url, "rlyp_x", Backend(), tmp_path / "relay", speed=SPEED)
+    try:
+        agent.run()  # returns when the agent exits
+    finally:
+        relay.stop()
+    assert isinstance(agent.exited, error)
+    assert relay.lists == 1 and not agent.api.accepts and not agent.jobs_started
+
+
+def test_the_model_keeps_only_pending_runs_and_drops_unknown_types(tmp_path):
+    runs = [
+        {"id": "r1", "state": {**PENDING, "status": "in-progress"}, "scope": {"nodes": ["a"]}},
+        {"id": "r2", "type": "workflow", "state": PENDING},
+        {"id": "r3", "type": "plan-run", "name": "deploy", "state": PENDING},
+    ]
+    relay = CannedRelay(runs)
+    try:
+        listed = RelayAPI(relay.url, "rlyp_x").get_runs()
+    finally:
+        relay.stop()
+    assert [(type(r).__name__, r.id, r.state.status) for r in listed] == [
+        ("Run", "r1", "in_progress"),
+        ("PlanRun", "r3", "pending"),
+    ]
+    assert listed[1].fields["environment"] == "production"  # Puppet[:environment]
