@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Tests use the local PostgreSQL; pytest-django creates and drops test_<name> itself.
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/relay
 
-.PHONY: run test lint format createsuperuser manage clean system-packages
+.PHONY: run test lint format docs docs-serve createsuperuser manage clean system-packages
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,7 +43,15 @@ system-packages:
 test: $(VENV)/.installed system-packages .step-python/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(BIN)/pytest
+
+# The documentation site (docs/, mkdocs.yml) into var/site/; --strict: a broken link fails.
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr 127.0.0.1:8001
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .

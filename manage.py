@@ -4,7 +4,7 @@ import sys
 
 NOT_CONFIGURED = (
     'manage.py: no settings here: run `make run` once (it generates var/), use `make manage ARGS="…"`,'
-    " or set SECRET_KEY and TOKEN_PEPPERS (README, Configuration)."
+    " or set SECRET_KEY and TOKEN_PEPPERS (docs/configuration.md)."
 )
 NO_VENV = 'manage.py needs the project\'s virtualenv: `make manage ARGS="…"` or `.venv/bin/python manage.py`'
 

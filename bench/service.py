@@ -18,7 +18,7 @@ from tests.bao import BaoDevServer, free_port  # noqa: E402
 
 ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 # BENCH_PG_SOCKET=1: the service reaches PostgreSQL through its Unix socket, as a service on
-# the database's own box can (see README, Performance); else by TCP on 127.0.0.1.
+# the database's own box can (see docs/performance.md); else by TCP on 127.0.0.1.
 SOCKET = bool(os.environ.get("BENCH_PG_SOCKET"))
 
 

@@ -6,7 +6,7 @@ a Celery worker with its beat, and a Celery worker for the `steps` queue (script
 Ctrl-C (or SIGTERM) stops the web server and the workers first, then OpenBao, and exits 0.
 
 Everything this generates lives under RELAY_VAR_DIR (default var/), files holding secrets
-with mode 0600. That is fine for one machine, not for production: see README "Production".
+with mode 0600. That is fine for one machine, not for production: see docs/production.md "Production".
 Set VAULT_ADDR to use an existing Vault instead of the embedded one.
 """
 
@@ -133,7 +133,7 @@ def start_openbao(stack: Stack, env: dict[str, str]) -> None:
     wait_for(lambda: requests.get(health, timeout=2).status_code == 200, "openbao (active)")
     say(
         "WARNING: the embedded OpenBao keeps its unseal key next to its data. That is for "
-        "single-machine use only; production uses an external Vault (README, 'Production')."
+        "single-machine use only; production uses an external Vault (docs/production.md, 'Production')."
     )
 
     client.token = init["root_token"]

@@ -1,6 +1,6 @@
 """Rows read with SQL written once per process, for the few hot paths where Django compiling
 a query costs more than the database answering it: the step runtime API's credential and
-what a step's spec is evaluated with (README "Performance": the credential's select_related
+what a step's spec is evaluated with (docs/performance.md "Performance": the credential's select_related
 over five tables took 2.2 ms, of which its statement 0.55 ms, and 0.2 ms once prepared).
 
 Values go through the converters the ORM applies to each field (a JSONField's decoding, the

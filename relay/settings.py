@@ -1,9 +1,10 @@
 """Settings for the Relay service.
 
 Every value comes from the environment (django-environ) with a typed default. The defaults
-suit `make run` on one machine; README.md lists every variable and what production sets.
-A variable NAME that holds a secret may instead be given as NAME_FILE, a path to a file
-holding it (for Docker/Kubernetes secrets and systemd credentials).
+suit `make run` on one machine; docs/configuration.md lists every variable and
+docs/production.md what production sets. A variable NAME that holds a secret may instead be
+given as NAME_FILE, a path to a file holding it (for Docker/Kubernetes secrets and systemd
+credentials).
 """
 
 import os
@@ -226,7 +227,7 @@ SPECTACULAR_SETTINGS = {
     },
 }
 
-# Vault (or OpenBao): where plain tokens live. See relay/vault.py and README "Vault".
+# Vault (or OpenBao): where plain tokens live. See relay/vault.py and docs/production.md "Vault".
 VAULT_ADDR = env.str("VAULT_ADDR", default="http://127.0.0.1:8200")
 VAULT_TOKEN = env_secret("VAULT_TOKEN", default="")
 VAULT_ROLE_ID = env.str("VAULT_ROLE_ID", default="")
@@ -337,8 +338,8 @@ EVENTS_MAX_DECOMPRESSED_BYTES = env.int("EVENTS_MAX_DECOMPRESSED_BYTES", default
 EVENTS_MAX_GZIP_RATIO = env.int("EVENTS_MAX_GZIP_RATIO", default=100)
 # What reading one report (a child process of the worker) may take: memory beyond the
 # worker's own, and seconds. More ends the event `failed`; the worker is not touched. A
-# report costs the reference reader about 30 times its size (the fast path 11-17; README
-# "Performance"), so by default the largest body the door takes can be read.
+# report costs the reference reader about 30 times its size (the fast path 11-17; docs/performance.md),
+# so by default the largest body the door takes can be read.
 EVENTS_READ_MEMORY_BYTES = env.int("EVENTS_READ_MEMORY_BYTES", default=40 * EVENTS_MAX_DECOMPRESSED_BYTES)
 EVENTS_READ_TIMEOUT = env.float("EVENTS_READ_TIMEOUT", default=60.0)
 # Attempts at reading an event (a worker lost mid-read counts) before it ends `failed`.
@@ -347,7 +348,7 @@ EVENTS_STUCK_AFTER = env.int("EVENTS_STUCK_AFTER", default=120)  # seconds in `r
 # Events older than this many days are deleted with their stored objects; 0 keeps them forever.
 EVENTS_RETENTION_DAYS = env.int("EVENTS_RETENTION_DAYS", default=30)
 # Per-trigger budgets on POST /api/events, over which it answers 429 (0 turns one off). Sized
-# in README "Push triggers": 5,000 agents reporting every 30 minutes fit with room to spare.
+# in docs/push-triggers.md "Push triggers": 5,000 agents reporting every 30 minutes fit with room to spare.
 EVENTS_RATE_LIMIT_PER_MINUTE = env.int("EVENTS_RATE_LIMIT_PER_MINUTE", default=600)
 EVENTS_RATE_LIMIT_BYTES_PER_HOUR = env.int("EVENTS_RATE_LIMIT_BYTES_PER_HOUR", default=8 * 1024**3)
 if EVENTS_STUCK_AFTER <= EVENTS_READ_TIMEOUT:
@@ -396,7 +397,7 @@ SECRET_CACHE_SECONDS = env.float("SECRET_CACHE_SECONDS", default=30.0)
 WORKFLOW_STEP_LEASE = env.int("WORKFLOW_STEP_LEASE", default=300)
 WORKFLOW_STEP_MAX_ATTEMPTS = env.int("WORKFLOW_STEP_MAX_ATTEMPTS", default=5)
 WORKFLOW_STUCK_AFTER = env.int("WORKFLOW_STUCK_AFTER", default=60)  # idle runs the sweeper looks at
-# Budgets (README "Budgets"), each checked as it is spent. A run started by a step (the step
+# Budgets (docs/security.md "Budgets"), each checked as it is spent. A run started by a step (the step
 # runtime's POST /workflows/{name}/run) is one deeper than the step's run; deeper than
 # RUN_MAX_DEPTH is refused. One owner's runs not yet complete, at most RUN_MAX_IN_PROGRESS:
 # the API and the step runtime answer 429 past it, a trigger's run fails at once saying so.
@@ -422,7 +423,7 @@ STEP_DECORATORS_MAX_BYTES = env.int("STEP_DECORATORS_MAX_BYTES", default=64 * 10
 # any name, so without a budget its count would have none).
 STEP_OUTPUT_METADATA_MAX_BYTES = env.int("STEP_OUTPUT_METADATA_MAX_BYTES", default=256 * 1024)
 # Parsed workflow documents each process keeps (workflows.engine.parsed), weighed by what
-# each holds in memory (1 to 12 times the document's text; README "Budgets").
+# each holds in memory (1 to 12 times the document's text; docs/security.md "Budgets").
 PARSED_CACHE_MAX_BYTES = env.int("PARSED_CACHE_MAX_BYTES", default=64 * 1024 * 1024)
 # The internal do-nothing step image (workflows/steps/noop.py), for tests and the bench only.
 # The step runtime API's base URL as a running step reaches it (the service itself, at the URL
@@ -442,7 +443,7 @@ EXPRESSION_MAX_VALUE_CHARS = env.int("EXPRESSION_MAX_VALUE_CHARS", default=4 * 1
 EXPRESSION_VALIDATE_MAX_STEPS = env.int("EXPRESSION_VALIDATE_MAX_STEPS", default=200_000)
 EXPRESSION_VALIDATE_MAX_CHARS = env.int("EXPRESSION_VALIDATE_MAX_CHARS", default=16 * 1024 * 1024)
 
-# Script steps (scriptsteps/, README "Script steps"): `relaysh/core` steps run in bubblewrap on
+# Script steps (scriptsteps/, docs/script-steps.md "Script steps"): `relaysh/core` steps run in bubblewrap on
 # the Celery queue `steps`. Limits are per step; times in seconds, sizes in bytes.
 STEP_WALL_TIME = env.int("STEP_WALL_TIME", default=600)
 STEP_CPU_SECONDS = env.int("STEP_CPU_SECONDS", default=300)

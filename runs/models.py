@@ -62,6 +62,12 @@ class RunType(models.TextChoices):
     PLAN_RUN = "plan-run"
 
 
+# Task runs made before task runs had a scope, kept as they were: certnames as `targets`,
+# no scope. Only this service's own bridge can work them; the shipped Ruby
+# agent exits on a task run without a scope (MissingScopeError), so it is never shown one.
+OLD_TASK_RUNS = models.Q(type=RunType.TASK_RUN, scope={})
+
+
 class Conflict(Exception):
     """The request does not fit the run's current state; the message says why."""
 
@@ -139,6 +145,10 @@ class Run(models.Model):
         else:
             doc.update(name=self.name, params=self.params)
             if self.type == RunType.TASK_RUN:
+                # A task run made before scopes (OLD_TASK_RUNS) has certnames as targets and
+                # no scope, as it always showed.
+                if self.scope:
+                    doc["scope"] = self.scope
                 doc["targets"] = self.targets
         return doc
 

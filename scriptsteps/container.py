@@ -3,7 +3,7 @@ or `docker`): the same program (its `input` at relay-core's path, or `command`/`
 same environment (METADATA_API_URL, CI, RELAY, its `env`), the same log, masking and limits.
 
 UNTESTED here beyond the command line and the runtime's own failure (this machine has the
-docker CLI and no engine; README "Script steps" says exactly what): a runtime that runs is
+docker CLI and no engine; docs/script-steps.md "Script steps" says exactly what): a runtime that runs is
 expected to behave as `podman run`/`docker run` document.
 
 - no network (`--network=none`, only the container's own loopback): the host's network

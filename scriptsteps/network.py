@@ -1,5 +1,5 @@
 """A sandboxed step's network: an empty network namespace of its own, and two doors out of it
-that the worker running the sandbox keeps open for the step's lifetime (README "Script
+that the worker running the sandbox keeps open for the step's lifetime (docs/script-steps.md "Script
 steps", Network).
 
 Inside (bubblewrap's --unshare-net: nothing but the sandbox's own loopback), WRAPPER runs

@@ -1,6 +1,6 @@
 """Running one step's program in bubblewrap, within its limits, reading its output as it comes.
 
-What the sandbox sees (README "Script steps"):
+What the sandbox sees (docs/script-steps.md "Script steps"):
 - its own user (uid 1000 inside; outside, STEP_SANDBOX_UID when the worker is root, else the
   worker's own uid), no capabilities, no further user namespaces; its own pid, ipc, uts and
   network namespaces: of the network, only its own loopback, where the runtime API (and with

@@ -57,7 +57,7 @@ class IsRunningStep(BasePermission):
 
 class StepView(APIView):
     # Not in the service's OpenAPI schema (/api/schema/): relay-core's API, for steps only,
-    # documented in the README.
+    # documented in docs/step-runtime-api.md.
     schema = None
     authentication_classes = [StepCredentialAuthentication]
     permission_classes = [IsRunningStep]
@@ -110,7 +110,7 @@ def _name(value: str, what: str) -> str:
 
 
 def _over_budget(exc: OverBudget, code: str = "step_budget_exceeded") -> exceptions.APIException:
-    """413 for a budget of bytes, 429 for one of counts (README "Budgets")."""
+    """413 for a budget of bytes, 429 for one of counts (docs/security.md "Budgets")."""
     if exc.size:
         return PayloadTooLarge(str(exc), code=code)
     return TooManyRequests(str(exc), code=code)

@@ -166,7 +166,7 @@ def test_an_orchestrator_4xx_completes_the_run_error_with_its_kind_and_msg(
         ({"scope": {"nodes": "web1"}}, "The run names no nodes."),
         (
             {"type": "task-run", "name": "package", "params": {}, "targets": ["a", "@t"]},
-            "The run names a target that is not a valid certname: '@t'.",
+            "The run names a node that is not a valid certname: '@t'.",
         ),
         (
             {"scope": {"nodes": ["web1"]}, "environment": "production\nx"},

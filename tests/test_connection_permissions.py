@@ -1,4 +1,4 @@
-"""The permission table of connections (README "Who may do what to a connection"), cell by
+"""The permission table of connections (docs/api.md "Who may do what to a connection"), cell by
 cell, for each type, in the admin and in the API alike: a connection is a credential its
 owner's workflows use, so changing it (its name, description or token, regenerated or
 replaced) is its owner's and superusers' alone, and its owner is changed by no one; other

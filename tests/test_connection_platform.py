@@ -153,6 +153,9 @@ def test_bolt_takes_runs_on_nodes_and_tasks_on_open_source_but_no_plans(connecti
         client,
         {"type": "task-run", "name": "package", "params": {"name": "vim"}, "targets": ["web1.example.com"]},
     )
+    created(client, {"type": "task-run", "name": "package", "scope": NODES, "targets": [{"uri": "web1"}]})
+    refused(client, {"type": "task-run", "name": "package", "scope": {"query": "nodes { }"}}, "#/scope")
+    refused(client, {"type": "task-run", "name": "package", "scope": {"node_group": "abc"}}, "#/scope")
     assert "runs no plans" in refused(client, {"type": "plan-run", "name": "deploy"}, "#/type")
     assert "Bolt" in refused(client, {"scope": {"query": "nodes { }"}}, "#/scope")
     refused(client, {"scope": {"application": "App[x]"}}, "#/scope")
@@ -167,6 +170,13 @@ def test_the_orchestrator_takes_everything_with_an_environment(connection):
     created(client, {"scope": {"node_group": "abc"}, "environment": "production"})
     created(client, {"type": "plan-run", "name": "deploy", "environment": "production"})
     created(client, {"type": "task-run", "name": "package", "targets": ["a"], "environment": "production"})
+    task = {
+        "type": "task-run",
+        "name": "package",
+        "scope": {"query": "nodes { }"},
+        "environment": "production",
+    }
+    created(client, task)
 
 
 def test_pe_with_bolt_needs_an_environment_and_bolt_s_scopes(connection):
@@ -214,16 +224,20 @@ def test_the_shipped_agent_sends_no_header_and_the_settings_still_apply(connecti
 
 
 def test_a_connection_never_set_behaves_as_before(connection):
-    """Its reported platform decides, as the headers did; its reported backend decides
-    nothing (it never did)."""
+    """What its bridge reports decides, as the headers did: the platform, and on open source
+    whether the backend is Bolt; a reported backend restricts nothing else."""
     conn, token = connection
     set_up(conn, reported_platform="pe", reported_backend="ssh")
     client = bridge(token)
     refused(client, {"scope": NODES}, "#/environment")
     created(client, {"scope": {"query": "nodes { }"}, "environment": "production"})
     created(client, {"type": "plan-run", "name": "deploy", "environment": "production"})
+    # On open source, a bridge that reports Bolt also runs tasks (no plans), as before.
     set_up(conn, reported_platform="oss", reported_backend="bolt")
-    refused(client, {"type": "task-run", "name": "package", "targets": ["a"]}, "#/type")
+    created(client, {"type": "task-run", "name": "package", "scope": {"nodes": ["a"]}})
+    refused(client, {"type": "plan-run", "name": "deploy"}, "#/type")
+    set_up(conn, reported_platform="oss", reported_backend="ssh")
+    refused(client, {"type": "task-run", "name": "package", "scope": {"nodes": ["a"]}}, "#/type")
     set_up(conn, reported_platform="", reported_backend="ssh")
     created(client, {"scope": {"application": "App[x]"}})
 

@@ -7,7 +7,7 @@ from django.core.files.storage import storages
 
 from tests.events_helpers import fixture, gz, post
 from tests.test_connection_api import assert_problem
-from triggers.ingest import body_name
+from triggers.ingest import PEEK_WHOLE_JSON, body_name
 from triggers.models import Event, Trigger
 
 REPORT = fixture("puppet-8.4-jacobbrewer1-puppet-summary-example.yaml")
@@ -175,10 +175,17 @@ def test_a_failed_report_may_be_sent_again(trigger):
     assert post(token, REPORT + b"# fixed\n").json()["id"] != first
 
 
-def test_a_deeply_nested_json_body_is_still_a_202_at_the_door(trigger):
+def test_a_deeply_nested_json_body_is_a_400_at_the_door_or_stored_past_its_look(trigger):
+    """Read whole at the door, it is refused with the worker's reason (it was stored, then
+    `failed`); past what the door reads whole, it is stored and the worker says why."""
     _, token = trigger
     body = b'{"host": "deep", "x": ' + b"[" * 100000 + b"]" * 100000 + b"}"
-    assert post(token, body, "application/json").status_code == 202
+    response = post(token, body, "application/json")
+    assert response.status_code == 400, response.content
+    assert response.json()["detail"] == "The JSON is nested deeper than 64 levels; not read."
+    assert not Event.objects.exists()
+    larger = body + b" " * (PEEK_WHOLE_JSON - len(body) + 1)
+    assert post(token, larger, "application/json").status_code == 202
 
 
 def test_a_nul_in_a_push_key_or_run_id_is_202_and_kept_as_the_worker_keeps_it(trigger):

@@ -14,6 +14,7 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from tests.events_helpers import Worker, big_report, clear_queues, fixture, post, queue_key, wait_until
+from triggers.ingest import PEEK_WHOLE_JSON
 from triggers.models import Event, Trigger
 from triggers.parsing import PSYCH_REPORT
 from triggers.tasks import process_event, requeue_received_before
@@ -25,7 +26,11 @@ PUPPET_8 = fixture("puppet-8.4-jacobbrewer1-puppet-summary-example.yaml")
 POISON = {
     "nested YAML, flow": (b"host: deep\nx: " + b"[" * DEEP + b"]" * DEEP + b"\n", "application/x-yaml"),
     "nested YAML, block": (b"host: deep\nx:\n" + b"- " * DEEP + b"a\n", "application/x-yaml"),
-    "nested JSON": (b'{"host": "deep", "x": ' + b"[" * DEEP + b"]" * DEEP + b"}", "application/json"),
+    # Larger than the door reads whole (which refuses it at once), so that the worker reads it.
+    "nested JSON": (
+        b'{"host": "deep", "x": ' + b"[" * DEEP + b"]" * DEEP + b"}" + b" " * PEEK_WHOLE_JSON,
+        "application/json",
+    ),
     "nested JSON as YAML": (b'{"host": "deep", "x": ' + b"[" * DEEP + b"]" * DEEP + b"}", "text/yaml"),
     # Where the reader expects mappings and lists, numbers and strings.
     "push body of the wrong shape": (

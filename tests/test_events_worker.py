@@ -8,6 +8,7 @@ from django.utils import timezone
 
 from tests.events_helpers import FIXTURES, big_report, fixture, post
 from triggers import services
+from triggers.ingest import PEEK_WHOLE_JSON
 from triggers.models import Event, Trigger
 from triggers.parsing import PSYCH_REPORT
 from triggers.tasks import requeue_received_before
@@ -146,28 +147,40 @@ i: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]
 """
 
 
+def past_the_door(body: bytes) -> bytes:
+    """A JSON body larger than the door reads whole (trailing spaces): the worker reads it."""
+    return body + b" " * (PEEK_WHOLE_JSON + 1 - len(body))
+
+
 @pytest.mark.parametrize(
     ("body", "content_type", "reason"),
     [
         (BILLION_LAUGHS, "application/x-yaml", "alias bomb"),
         (b"host: deep\nx: " + b"[" * 5000 + b"]" * 5000 + b"\n", "application/x-yaml", "nested deeper"),
         (
-            b'{"host": "deep", "x": ' + b"[" * 100000 + b"]" * 100000 + b"}",
+            past_the_door(b'{"host": "deep", "x": ' + b"[" * 100000 + b"]" * 100000 + b"}"),
             "application/json",
             "nested deeper",
         ),
         (b"\xff\xfe\x00garbage", "application/x-yaml", "not valid UTF-8"),
         (b"host: caf\xe9\n", "application/x-yaml", "not valid UTF-8"),
-        (b'{"host": "caf\xe9"}', "application/json", "not valid UTF-8"),
+        (past_the_door(b'{"host": "caf\xe9"}'), "application/json", "not valid UTF-8"),
         (b"host: [unclosed", "application/x-yaml", "cannot be read"),
-        (b"{not json", "application/json", "cannot be read"),
+        (b"{not json", "application/x-yaml", "cannot be read"),
         (b"- just\n- a list\n", "application/x-yaml", "not a mapping"),
-        (b'{"status": "changed"}', "application/json", "no host"),
-        (b'"a string"', "application/json", "not a mapping"),
-        (b'{"data": {"host": "x"}, "key": {"a": 1}}', "application/json", "key must be a string"),
+        (b'{"status": "changed"}', "application/x-yaml", "no host"),
+        (b'"a string"', "application/x-yaml", "not a mapping"),
+        (
+            past_the_door(b'{"data": {"host": "x"}, "key": {"a": 1}}'),
+            "application/json",
+            "key must be a string",
+        ),
     ],
 )
 def test_unreadable_documents_fail_with_a_reason_and_fast(make_trigger, body, content_type, reason):
+    """What the door does not read whole (YAML, JSON past PEEK_WHOLE_JSON with a host key) is
+    stored, and the worker says why it cannot read it (other JSON is refused at the door: see
+    tests/test_events_older_processors.py)."""
     _, token = make_trigger()
     started = time.monotonic()
     event = ingest(token, body, content_type)

@@ -14,7 +14,7 @@ bodies that hold what PostgreSQL cannot keep (a lone surrogate, a NUL in a key, 
 70 levels of nesting) as explicit examples of the bodies that are kept.
 
 The size of the run (CASES_PER_OPERATION, RUNTIME_CASES_PER_OPERATION) keeps it near three
-minutes on 2 cores; the README states the number of cases."""
+minutes on 2 cores; docs/getting-started.md states the number of cases."""
 
 import base64
 import copy

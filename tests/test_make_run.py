@@ -93,7 +93,7 @@ def test_manage_py_without_var_or_settings_says_how_to_run_it(tmp_path):
     assert typed.returncode == 1
     assert typed.stderr.strip().splitlines() == [
         'manage.py: no settings here: run `make run` once (it generates var/), use `make manage ARGS="…"`,'
-        " or set SECRET_KEY and TOKEN_PEPPERS (README, Configuration)."
+        " or set SECRET_KEY and TOKEN_PEPPERS (docs/configuration.md)."
     ]
 
 

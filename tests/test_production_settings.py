@@ -19,7 +19,7 @@ def manage(args: list[str], **env: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def production(tmp_path) -> dict[str, str]:
-    """What README's production section sets, with secrets given as files."""
+    """What docs/production.md sets, with secrets given as files."""
     (tmp_path / "secret_key").write_text(secrets.token_urlsafe(50))
     (tmp_path / "peppers").write_text(f"1={secrets.token_urlsafe(40)}\n")
     (tmp_path / "db").write_text("postgres://postgres@127.0.0.1:5432/relay")

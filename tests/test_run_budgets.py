@@ -1,4 +1,4 @@
-"""Budgets on runs (README "Budgets"): how deep runs started by steps may go (RUN_MAX_DEPTH),
+"""Budgets on runs (docs/security.md "Budgets"): how deep runs started by steps may go (RUN_MAX_DEPTH),
 and how many runs one owner may have in progress (RUN_MAX_IN_PROGRESS), at each door that
 starts runs: the API (429), the step runtime API (429, relay_sdk on a live server with the
 step's real credential), and a schedule or webhook (the run fails at once, saying why)."""

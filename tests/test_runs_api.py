@@ -46,12 +46,13 @@ def test_task_and_plan_runs_carry_their_fields(token):
             "environment": "production",
         },
     )
-    assert (task["name"], task["params"], task["targets"]) == (
+    # Certnames as targets (this service's shape before scopes) become the published shape.
+    assert (task["name"], task["params"], task["scope"], task["targets"]) == (
         "package::install",
         {"name": "vim"},
-        ["web1.example.com"],
+        {"nodes": ["web1.example.com"]},
+        [],
     )
-    assert "scope" not in task
     plan = create_run(token, {"type": "plan-run", "name": "deploy::app", "environment": "production"})
     assert (plan["name"], plan["params"]) == ("deploy::app", {})
     assert "targets" not in plan and "scope" not in plan
@@ -152,7 +153,7 @@ def test_a_connection_never_sees_another_connections_runs(token, alice):
         ({"scope": {"nodes": ["a"]}, "noopp": True}, "#/noopp"),
         ({"scope": {"nodes": ["a"]}, "type": "reboot"}, "#/type"),
         ({"type": "task-run", "targets": ["a"]}, "#/name"),
-        ({"type": "task-run", "name": "x"}, "#/targets"),
+        ({"type": "task-run", "name": "x"}, "#/scope"),
         ({"type": "task-run", "name": "Bad Name", "targets": ["a"]}, "#/name"),
         ({"type": "task-run", "name": "x", "targets": ["a"], "params": [1]}, "#/params"),
         ({"type": "plan-run", "name": "x", "scope": {"nodes": ["a"]}}, "#/scope"),

@@ -1,4 +1,4 @@
-"""Schedule triggers' budgets (README "Budgets"): per workflow document and per owner, a 400
+"""Schedule triggers' budgets (docs/security.md "Budgets"): per workflow document and per owner, a 400
 at the trigger past them on validate and save; and a tick fair between owners, so that one
 owner's many schedules due at once cannot hold it for everyone."""
 

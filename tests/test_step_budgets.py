@@ -1,4 +1,4 @@
-"""A step's budgets at the step runtime API (README "Budgets"), on a live server with the
+"""A step's budgets at the step runtime API (docs/security.md "Budgets"), on a live server with the
 step's real credential: its outputs together, its runtime logs, its events and decorators.
 Sizes are 413 problems, counts 429, and nothing is stored past a budget, also when requests
 come at once."""

@@ -165,3 +165,41 @@ def test_plan_run_start_then_run_wait_on_puppet_enterprise(service, pe, alice, t
     worker.join(10)
     assert done.success and waiting.outputs["outcome"] == "success"
     assert waiting.outputs["results"]["result"] == {"deployed": ["web1"]}
+
+
+def test_task_run_start_with_the_published_spec_then_run_wait_on_pe(service, pe, alice, tmp_path):
+    """Every field of relay-puppet's task-run-start spec schema, through the orchestrator."""
+    PuppetConnection.objects.update(platform="pe")
+    pe.node_groups["2e9c2b3a-0000-4000-8000-000000000001"] = ["db1", "db2"]
+    targets = [{"hostnames": ["db1"], "transport": "ssh", "user": "ops"}]
+    spec = {
+        "connection": PUPPET,
+        "environment": "staging",
+        "scope": {"node_group": "2e9c2b3a-0000-4000-8000-000000000001"},
+        "name": "service::restart",
+        "params": {"name": "postgresql"},
+        "noop": True,
+        "targets": targets,
+    }
+    start = Step("relaysh/puppet-step-task-run-start", spec, alice.pk)
+    start.start()
+    worker = work_on_pe(service, pe, tmp_path)
+    assert start.until_done().success
+    waiting = Step(
+        "relaysh/puppet-step-run-wait", {"connection": PUPPET, "id": start.outputs["id"]}, alice.pk
+    )
+    done = waiting.until_done()
+    worker.join(10)
+
+    assert done.success and waiting.outputs["outcome"] == "finished"
+    assert [node["name"] for node in waiting.outputs["results"]["nodes"]] == ["db1", "db2"]
+    [command] = [r for r in pe.seen if r["method"] == "POST" and r["path"].endswith("/command/task")]
+    assert command["body"] == {
+        "environment": "staging",
+        "scope": {"node_group": "2e9c2b3a-0000-4000-8000-000000000001"},
+        "task": "service::restart",
+        "params": {"name": "postgresql"},
+        "noop": True,
+        "targets": targets,
+        "description": f"Relay run {start.outputs['id']}",
+    }

@@ -142,13 +142,17 @@ def test_run_start_refuses_what_post_puppet_runs_refuses(puppet, alice, spec, me
 
 def test_a_bridge_on_open_source_puppet_limits_the_runs_as_the_api_does(puppet, alice):
     _, _ = puppet
-    PuppetConnection.objects.update(platform="oss")
+    PuppetConnection.objects.update(platform="oss")  # the setting (issue 18 §3), no backend
     done = step(RUN_START, alice, scope={"query": "nodes { }"}).start()
     assert (
-        "spec.scope: This connection's bridge runs open source Puppet: only the nodes scope." in done.message
+        "spec.scope: This connection runs open source Puppet: only the nodes scope"
+        " (scope `query` needs the PE orchestrator)." in done.message
     )
     done = step(TASK_RUN_START, alice, name="package", scope={"nodes": ["a"]}).start()
-    assert "spec: This connection's bridge runs open source Puppet: only type 'run'." in done.message
+    assert (
+        "spec: This connection runs open source Puppet: only type 'run'"
+        " (tasks need Bolt or the PE orchestrator, plans the orchestrator)." in done.message
+    )
     assert not Run.objects.exists()
 
 
@@ -215,39 +219,62 @@ def test_a_run_gone_with_its_connection_fails_the_waiting_step(puppet, alice):
 # task-run-start and plan-run-start
 
 
-def test_task_run_start_takes_its_nodes_from_targets_or_scope(puppet, alice):
-    from_scope = step(
-        TASK_RUN_START, alice, name="package", params={"name": "nginx"}, scope={"nodes": ["web1"]}
-    )
-    assert isinstance(from_scope.start(), Wait)
-    run = Run.objects.get(pk=from_scope.outputs["id"])
-    assert (run.type, run.name, run.params, run.targets, run.scope) == (
-        "task-run",
-        "package",
-        {"name": "nginx"},
-        ["web1"],
-        {},
-    )
-    # The published schema's targets are Bolt target objects; certnames are taken too.
-    from_targets = step(
+def test_task_run_start_takes_the_published_spec_schema(puppet, alice):
+    """relay-puppet's task-run-start spec.schema.json: connection, scope and name required;
+    environment, params, noop and targets (Bolt target objects) optional."""
+    targets = [{"name": "db1", "uri": "ssh://db1.example.com", "config": {"ssh": {"user": "deploy"}}}]
+    full = step(
         TASK_RUN_START,
         alice,
+        environment="production",
+        scope={"query": "inventory[certname] { facts.os.family = 'RedHat' }"},
         name="package",
-        scope={"nodes": ["x"]},
-        targets=[{"name": "db1"}, "db2"],
+        params={"name": "nginx", "action": "status"},
         noop=True,
+        targets=targets,
     )
-    from_targets.start()
-    run = Run.objects.get(pk=from_targets.outputs["id"])
-    assert (run.targets, run.noop, run.params) == (["db1", "db2"], True, {})
-    bad = step(TASK_RUN_START, alice, name="package", targets=[{"uri": "Bad Name"}]).start()
-    assert "spec.targets[0]: Not a valid certname" in bad.message
-    none = step(TASK_RUN_START, alice, name="package", scope={"query": "nodes {}"}).start()
-    assert "spec.targets: give the task's nodes, as targets or as scope.nodes." in none.message
-    assert (
-        "spec.name: A task-run needs the name of its task."
-        in step(TASK_RUN_START, alice, scope={"nodes": ["a"]}).start().message
+    assert isinstance(full.start(), Wait)
+    run = Run.objects.get(pk=full.outputs["id"])
+    assert (run.type, run.environment, run.scope, run.name, run.params, run.noop, run.targets) == (
+        "task-run",
+        "production",
+        {"query": "inventory[certname] { facts.os.family = 'RedHat' }"},
+        "package",
+        {"name": "nginx", "action": "status"},
+        True,
+        targets,
     )
+    least = step(TASK_RUN_START, alice, scope={"nodes": ["web1"]}, name="package")
+    assert isinstance(least.start(), Wait)
+    run = Run.objects.get(pk=least.outputs["id"])
+    assert (run.scope, run.params, run.noop, run.targets, run.environment) == (
+        {"nodes": ["web1"]},
+        {},
+        False,
+        [],
+        "",
+    )
+    assert isinstance(step(TASK_RUN_START, alice, scope={"node_group": "ab12"}, name="x").start(), Wait)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"name": "package"}, "spec.scope: give the task's nodes"),
+        ({"name": "package", "targets": [{"name": "a"}]}, "spec.scope: give the task's nodes"),
+        ({"scope": {"application": "App[x]"}, "name": "x"}, "spec.scope: A task run's scope is one of"),
+        ({"scope": {"nodes": ["a"]}, "name": "x", "targets": ["a"]}, "spec.targets: With a scope, targets"),
+        (
+            {"scope": {"nodes": ["a"]}, "name": "x", "targets": [{"config": {"ssh": {"password": "p"}}}]},
+            "spec.targets[0]: `password` is a credential",
+        ),
+    ],
+)
+def test_task_run_start_says_what_is_wrong_in_its_spec(puppet, alice, spec, message):
+    done = step(TASK_RUN_START, alice, **spec).start()
+    assert isinstance(done, Done) and not done.success
+    assert message in done.message, done.message
+    assert Run.objects.count() == 0
 
 
 def test_plan_run_start_makes_a_plan_run(puppet, alice):

@@ -1,4 +1,4 @@
-"""The permission table of triggers (README "Who may do what to a trigger"), cell by cell, in
+"""The permission table of triggers (docs/api.md "Who may do what to a trigger"), cell by cell, in
 the admin and in the API alike: a trigger of one's own (no workflow's) holds a credential (its
 token) and a destination (its Slack webhook URL), so changing it (its token, Slack webhook,
 filters, name or description) is its owner's and superusers' alone, and its owner is changed

@@ -276,10 +276,10 @@ def test_without_a_deployment_id_the_reconciler_deletes_nothing(alice, bao, sett
     assert "RELAY_DEPLOYMENT_ID is not set" in caplog.text
 
 
-def test_the_readme_s_policy_is_enough_for_everything_the_service_does(
+def test_the_documented_policy_is_enough_for_everything_the_service_does(
     alice, bao, django_capture_on_commit_callbacks
 ):
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "production.md").read_text()
     documented = re.search(r"# relay.hcl\n(.*?)```", readme, re.S).group(1)
     assert re.sub(r"\s+", " ", documented).strip() == re.sub(r"\s+", " ", APP_POLICY).strip()
     point_vault_at(bao, bao.token_with_policy("relay-app", APP_POLICY))

@@ -57,7 +57,7 @@ def test_published_puppet_workflows_are_valid(path: Path) -> None:
 
 
 def test_every_workflow_of_the_repository_is_here() -> None:
-    # 44 directories with a workflow at 5d01fbac1fe4 (the README lists them); the three Puppet
+    # 44 directories with a workflow at 5d01fbac1fe4 (docs/workflows.md lists them); the three Puppet
     # ones are the same text as the pinned ones above, but for selective enforcement's tag.
     assert len(EVERY_PUBLISHED) == 44
     pinned = {p.name: p.read_bytes() for p in PUBLISHED}

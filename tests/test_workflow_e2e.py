@@ -8,7 +8,7 @@ reports, and the Slack stand-in's chat.postMessage over HTTPS.
 The second workflow: a dry run on some nodes, an approval that shows what it would change,
 the real run, and its outcome in Slack; started by hand, by a module push body and by a
 real noop report; approved, rejected, cancelled while Puppet runs. The first one (a push
-trigger tells Slack what Puppet changed) is the README's worked example, which
+trigger tells Slack what Puppet changed) is the worked example in docs/workflows.md, which
 test_workflow_triggers.py starts with a real `puppet apply` and a push body; here a worker
 running it is SIGKILLed mid-step.
 
@@ -479,7 +479,7 @@ def test_a_worker_killed_while_it_posts_to_slack_loses_nothing(
     step.refresh_from_db()
     assert (step.status, step.attempts) == ("success", 2)
     # Slack got the message before the worker died, and again from the next worker: work
-    # outside the database may be done twice (README, "Durable").
+    # outside the database may be done twice (docs/workflows.md, "Durable").
     first, second = (request["json"] for request in slack.received)
     assert first == second and first["channel"] == "#puppet"
     assert (

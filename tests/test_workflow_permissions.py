@@ -1,4 +1,4 @@
-"""The permission table of workflows (README "Who may do what to a workflow"), cell by cell, in
+"""The permission table of workflows (docs/api.md "Who may do what to a workflow"), cell by cell, in
 the admin and in the API alike: a workflow runs with its owner's connections, so its document,
 secrets, triggers, owner and starting its runs are its owner's and superusers' alone; other
 staff's permissions give view, delete, the view of runs, cancel and approvals, never more."""

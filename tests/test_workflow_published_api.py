@@ -79,7 +79,7 @@ def test_published_schedule_and_webhook_triggers_are_made(alice_api: APIClient, 
     workflow = Workflow.objects.get(owner__username="alice", name=path.stem)
     # A Schedule row per schedule trigger (its cron read), a Trigger row of kind webhook per
     # webhook trigger. Only firehydrant-rollback's image (relaysh/stdlib-trigger-json) passes
-    # the body through; the other images' URLs refuse events (README "Webhook triggers").
+    # the body through; the other images' URLs refuse events (docs/workflows.md "Webhook triggers").
     assert sorted(s.name for s in workflow.schedules.all()) == sorted(declared(path, "schedule"))
     webhooks = Trigger.objects.filter(workflow=workflow, kind="webhook")
     assert sorted(t.name for t in webhooks) == sorted(declared(path, "webhook"))

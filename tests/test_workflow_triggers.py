@@ -444,8 +444,8 @@ def test_a_real_puppet_run_binds_the_same_values_every_way_it_comes(
     assert list(bound["yaml"]["resourceStatuses"]) == [f"File[{target}]"]
 
 
-def readme_example() -> str:
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+def documented_example() -> str:
+    readme = (Path(__file__).parents[1] / "docs" / "workflows.md").read_text()
     [source] = [
         block
         for block in re.findall(r"```yaml\n(.*?)```", readme, re.DOTALL)
@@ -454,10 +454,10 @@ def readme_example() -> str:
     return source
 
 
-def test_the_readme_s_worked_example_tells_slack_what_a_push_body_says_changed(worker, api, slack):
+def test_the_documented_worked_example_tells_slack_what_a_push_body_says_changed(worker, api, slack):
     made = api.post("/api/connections/slack/", {"name": "ops-slack", "token": SLACK_TOKEN}, format="json")
     assert made.status_code == 201, made.content
-    token = create(api, readme_example(), "tell-slack")["triggers"][0]["token"]
+    token = create(api, documented_example(), "tell-slack")["triggers"][0]["token"]
     posted = len(slack.posted())
     event = ended(send(token, motd(noop=False, pending=False)))
     run = finished(WorkflowRun.objects.get(event=event))
@@ -476,14 +476,14 @@ def test_the_readme_s_worked_example_tells_slack_what_a_push_body_says_changed(w
 
 
 @pytest.mark.skipif(shutil.which("puppet") is None, reason="puppet-agent is not installed")
-def test_the_readme_s_worked_example_tells_slack_what_a_real_puppet_run_changed(
+def test_the_documented_worked_example_tells_slack_what_a_real_puppet_run_changed(
     worker, api, slack, live_server, tmp_path, monkeypatch
 ):
     """The RFC's first workflow end to end: one `puppet apply` sends its YAML report with
     Puppet's http processor, and the module's push body and the JSON report with a
     processor that does what the module's does; each starts the workflow, which posts."""
     api.post("/api/connections/slack/", {"name": "ops-slack", "token": SLACK_TOKEN}, format="json")
-    tokens = {way: create(api, readme_example(), f"tell-{way}")["triggers"][0]["token"] for way in WAYS}
+    tokens = {way: create(api, documented_example(), f"tell-{way}")["triggers"][0]["token"] for way in WAYS}
     url = f"http://127.0.0.1:{urlparse(live_server.url).port}/api/events"
     monkeypatch.setenv("RELAY_TEST_EVENTS_URL", url)
     monkeypatch.setenv("RELAY_TEST_PUSH_TOKEN", tokens["push"])

@@ -1,5 +1,6 @@
 """The request path of POST /api/events: store the body durably, record the event, queue it.
-Nothing here parses the body; triggers.tasks does, in a worker.
+Nothing here reads a report; triggers.tasks does, in a worker. The door takes only a bounded
+look (peek): a small JSON body is parsed to know a resend, and refused when it is no report.
 
 The body is read in bounded chunks, gunzipped on the way when it says so (with a size and a
 ratio limit, so a gzip bomb costs little), hashed, and saved in the `events` storage under
@@ -7,7 +8,6 @@ its SHA-256: `bodies/<aa>/<bb>/<sha256>`. Memory stays bounded whatever the size
 """
 
 import hashlib
-import json
 import logging
 import re
 import tempfile
@@ -22,12 +22,13 @@ from django.db.models import Q
 from django.http import HttpRequest
 from rest_framework import exceptions
 
-from relay.api.exceptions import LengthRequired, PayloadTooLarge
+from relay.api.exceptions import LengthRequired, PayloadTooLarge, UnprocessableContent
 from relay.api.params import is_whole_number
 from triggers import objects, ratelimit
 from triggers.models import BodyFormat, Event, EventState, Trigger
 from triggers.objects import body_name
-from triggers.parsing import without_nul
+from triggers.parsing import NotAReport, UnreadableReport, load_json, node_budget, plain, without_nul
+from triggers.reports import WHOLE, recognise
 
 log = logging.getLogger(__name__)
 CHUNK = 64 * 1024
@@ -165,11 +166,15 @@ def store(
     return event
 
 
-# A bounded look at a body, not a parse: what tells a resend of the same run. A small JSON
-# body (a push body from the report processor) is read whole, which is cheap in C; anything
-# else has only its first PEEK_BYTES scanned for the report's top-level transaction_uuid
-# (Puppet writes it in the first lines). The worker reads the real values later and settles
-# any race between resends that both got past this (see Event's unique constraints).
+# A bounded look at a body: what tells a resend of the same run, and whether a body is a
+# report at all. A small JSON body (a push body from the report processor) is read whole,
+# which is cheap in C, and recognised as the worker would (triggers.reports.recognise): one
+# that is no JSON, or no report of any shape the worker reads, is refused now with the reason
+# (the module's processors count any 2xx as delivered: a 202 and then `failed` is a report
+# lost without a trace); a larger JSON body is scanned for a host key at least. Anything else
+# has only its first PEEK_BYTES scanned for the report's top-level transaction_uuid (Puppet
+# writes it in the first lines). The worker reads the real values later and settles any race
+# between resends that both got past this (see Event's unique constraints).
 PEEK_WHOLE_JSON = 256 * 1024
 PEEK_BYTES = 8 * 1024
 _UUID_YAML = re.compile(rb"(?m)^transaction_uuid: ['\"]?([0-9A-Za-z-]{1,64})['\"]?[ \t]*\r?$")
@@ -177,27 +182,51 @@ _UUID_JSON = re.compile(rb'"transaction_uuid"\s*:\s*"([0-9A-Za-z-]{1,64})"')
 
 
 def peek(spool: BinaryIO, fmt: str, size: int) -> tuple[str, str]:
-    """(transaction_uuid, key) as far as a bounded look tells; "" where it does not."""
+    """(transaction_uuid, key) as far as a bounded look tells; "" where it does not. Raises
+    a 400 (not JSON) or a 422 (not a report) for a JSON body it reads whole, and a 422 for a
+    larger JSON body with no host key anywhere."""
     spool.seek(0)
     if fmt == BodyFormat.JSON and size <= PEEK_WHOLE_JSON:
         try:
-            document = json.loads(spool.read())
-        except (ValueError, RecursionError):
-            return "", ""  # the worker will say what is wrong with it
-        if not isinstance(document, dict):
-            return "", ""
-        if isinstance(document.get("data"), dict):  # a push body
-            report, key = document["data"], document.get("key")
-        else:
-            report, key = document, None
-        uuid = report.get("transaction_uuid")
+            text = spool.read()
+            # As the worker reads it (triggers.reader): the same bounds on nesting and size.
+            document = plain(load_json(text), node_budget(len(text)))
+            found = recognise(document)
+        except UnreadableReport as exc:
+            if isinstance(exc, NotAReport):
+                raise UnprocessableContent(str(exc)) from None
+            raise exceptions.ParseError(str(exc)) from None
+        key = document.get("key") if found.shape != WHOLE else None
+        uuid = found.report.get("transaction_uuid")
         # As the worker will store them (no NUL: PostgreSQL refuses it).
         return without_nul(uuid[:64] if isinstance(uuid, str) else ""), without_nul(
             str(key)[:255] if isinstance(key, str | int) else ""
         )
+    if fmt == BodyFormat.JSON and not _mentions(spool, HOST_KEY):
+        raise UnprocessableContent(
+            'Not a Puppet report: it has no host anywhere (no `"host"` key in the whole body).'
+        )
+    spool.seek(0)
     head = spool.read(PEEK_BYTES)
     match = (_UUID_YAML if fmt == BodyFormat.YAML else _UUID_JSON).search(head)
     return (match.group(1).decode() if match else ""), ""
+
+
+# Every JSON report names its host with this key (Ruby's to_json and Python's json write it as
+# it is): a larger body without it anywhere is no report of any shape, whatever else it holds.
+HOST_KEY = b'"host"'
+
+
+def _mentions(spool: BinaryIO, needle: bytes) -> bool:
+    """Whether the spooled body holds `needle`, read in CHUNKs (a chunk's end overlaps the
+    next one's start, so no match is cut in two)."""
+    spool.seek(0)
+    tail = b""
+    while chunk := spool.read(CHUNK):
+        if needle in tail + chunk:
+            return True
+        tail = chunk[-(len(needle) - 1) :]
+    return False
 
 
 def _resent(trigger: Trigger, sha256: str, transaction_uuid: str, key: str) -> Event | None:

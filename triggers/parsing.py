@@ -26,6 +26,10 @@ class UnreadableReport(Exception):
     """The document cannot be read as a report; the message says why, for the event."""
 
 
+class NotAReport(UnreadableReport):
+    """The document is read, and is no report of any shape the service knows."""
+
+
 class ReportLoader(yaml.CSafeLoader):
     """PyYAML's C safe loader, with every tag stripped to plain data."""
 
@@ -149,6 +153,12 @@ def load_json(data: bytes) -> Any:
 
 def _first_line(exc: Exception) -> str:
     return " ".join(str(exc).split())[:300]
+
+
+def node_budget(size: int) -> int:
+    """How many values plain() may walk in a document of `size` bytes: a value needs a few
+    bytes of text, unless aliases multiply it, so anything far beyond is a bomb."""
+    return 1_000_000 + size // 2
 
 
 def plain(document: Any, budget: int) -> Any:

@@ -112,8 +112,7 @@ def _read(fd: int, body_format: str, filters: Filters, files: list[BinaryIO]) ->
     with open(fd, "rb", closefd=False) as body:
         body.seek(0)
         data = body.read()
-    # A node needs a few bytes of text, unless aliases multiply it: anything far beyond is a bomb.
-    budget = 1_000_000 + len(data) // 2
+    budget = parsing.node_budget(len(data))
     if body_format == BodyFormat.YAML:
         document = parsing.read_yaml(data, budget)
     else:
@@ -122,7 +121,7 @@ def _read(fd: int, body_format: str, filters: Filters, files: list[BinaryIO]) ->
     analysed = analyse(document)
     del document
     values = (analysed.report, logs_of(analysed.report), events_of(analysed.report))
-    matched, filter_note = filters.verdict(analysed.summary, analysed.resources)
+    matched, filter_note = filters.verdict(analysed.summary, analysed.resources, analysed.carries_resources)
     return {
         "summary": parsing.without_nul(analysed.summary),
         "data": parsing.without_nul(analysed.data),

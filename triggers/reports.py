@@ -1,9 +1,11 @@
 """From a read document to the event's summary and data: which report it is, what changed.
 
-Reports come in three shapes: a Relay push body `{"data": {...}, "key": ...}` from the
-Puppet module's report processor (a subset of the report), or a whole Puppet report (YAML
-from Puppet's http processor, or JSON), from Puppet 2.6 to 8. Fields old reports lack are
-derived as Puppet itself does (status from the resources, counts from the events).
+Reports come in these shapes: a Relay push body `{"data": {...}, "key": ...}` from the
+Puppet module's report processor (2.x: a subset of the report), the push body of its older
+releases (1.0-1.2: `{"data": {"report": {host, logs, summary, status, time}, "facts": ...}}`),
+or a whole Puppet report (YAML from Puppet's http processor, or JSON), from Puppet 2.6 to 8.
+Fields old reports lack are derived as Puppet itself does (status from the resources, counts
+from the events); an older push body's from its summary text.
 
 The event's data (what workflows read as `event`) has the push body's shape whichever way
 the report came: see event_data.
@@ -11,11 +13,12 @@ the report came: see event_data.
 
 import fnmatch
 import json
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from triggers.parsing import UnreadableReport, canonical_time, parse_time
+from triggers.parsing import NotAReport, canonical_time, parse_time
 
 SUMMARY_FIELDS = (
     "host",
@@ -34,6 +37,12 @@ SUMMARY_FIELDS = (
 INLINE_RESOURCES = 200  # the rest are counted, and are in the offloaded report
 
 
+# The shapes a report comes in (Recognised.shape).
+WHOLE = "report"  # a whole Puppet report: Puppet's http processor (YAML), or its JSON
+PUSH = "push"  # the module's report processor, 2.x: {"data": {host, ..., resource_statuses}}
+OLDER_PUSH = "push-1.x"  # its releases 1.0-1.2: {"data": {"report": {...}, "facts": {...}}}
+
+
 @dataclass
 class Report:
     report: dict[str, Any]  # the normalised report
@@ -41,24 +50,39 @@ class Report:
     resources: list[dict[str, Any]]  # changed, out of sync or failed
     summary: dict[str, Any]
     data: dict[str, Any] | None  # the event's data (event_data); None when it is too large
+    carries_resources: bool = True  # False: the body has none to tell (an older push body)
 
 
-def recognise(document: Any) -> tuple[dict[str, Any], str, bool]:
-    """(the report, the push key, whether it came in a push body) from a read document;
-    UnreadableReport if it is none."""
-    pushed = isinstance(document, dict) and isinstance(document.get("data"), dict) and "host" not in document
-    if pushed:
+@dataclass
+class Recognised:
+    report: dict[str, Any]  # the report's own fields (a push body's data, or data.report)
+    key: str  # the push body's key ("" when none)
+    shape: str  # WHOLE, PUSH or OLDER_PUSH
+    data: dict[str, Any] | None  # a push body's data as it came (None for a whole report)
+
+
+def recognise(document: Any) -> Recognised:
+    """Which report a read document is; NotAReport if it is none. The door asks this
+    of the JSON bodies it reads whole (triggers.ingest), the worker of every body."""
+    if isinstance(document, dict) and isinstance(document.get("data"), dict) and "host" not in document:
         key = document.get("key")
         if key is not None and not isinstance(key, str | int):
-            raise UnreadableReport("The push body's key must be a string.")
-        document, key = document["data"], str(key or "")
+            raise NotAReport("The push body's key must be a string.")
+        data = document["data"]
+        if "host" not in data and isinstance(data.get("report"), dict):
+            found = Recognised(data["report"], str(key or "")[:255], OLDER_PUSH, data)
+        else:
+            found = Recognised(data, str(key or "")[:255], PUSH, data)
+    elif isinstance(document, dict):
+        found = Recognised(document, "", WHOLE, None)
     else:
-        key = ""
-    if not isinstance(document, dict):
-        raise UnreadableReport(f"Not a Puppet report: the document is a {_kind(document)}, not a mapping.")
-    if not isinstance(document.get("host"), str) or not document["host"]:
-        raise UnreadableReport("Not a Puppet report: it has no host.")
-    return document, key[:255], pushed
+        raise NotAReport(f"Not a Puppet report: the document is a {_kind(document)}, not a mapping.")
+    if not isinstance(found.report.get("host"), str) or not found.report["host"]:
+        raise NotAReport(
+            "Not a Puppet report: it has no host (a report's `host`, or in a push body "
+            "`data.host` or, from the module's releases 1.x, `data.report.host`)."
+        )
+    return found
 
 
 def _kind(value: Any) -> str:
@@ -139,9 +163,12 @@ def _metrics(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def analyse(document: Any) -> Report:
-    report, key, pushed = recognise(document)
-    received = report  # the event's data is made from it as it came: its times keep their offsets
-    report = _times(report)
+    found = recognise(document)
+    if found.shape == OLDER_PUSH:
+        return _analyse_older_push(found)
+    key, pushed = found.key, found.shape == PUSH
+    received = found.report  # the event's data is made from it as it came: its times keep their offsets
+    report = _times(found.report)
     every = [_resource(name, status) for name, status in _statuses(report)]
     interesting = [r for r in every if r["changed"] or r["out_of_sync"] or r["failed"]]
     summary = {field: report.get(field) for field in SUMMARY_FIELDS}
@@ -170,6 +197,95 @@ def analyse(document: Any) -> Report:
     summary["resources_total"] = len(interesting)
     data = event_data(received, pushed, summary["status"])
     return Report(report=report, key=key, resources=interesting, summary=summary, data=data)
+
+
+# The module's releases 1.0-1.2 ----------------------------------------------------------------
+#
+# Their processor (puppetlabs-relay v1.0.0-v1.2.0, lib/puppet/reports/relay.rb) sends every
+# report, unchanged ones too, as `{"data": {"report": {host, logs, summary, status, time}}}`,
+# and from 1.1 with `"facts"` (the node's whole fact hash) beside `report`: `logs` the lines
+# above info as "source: message", `summary` Report#summary's text, `time` Ruby's Time#to_s.
+# No resources, no noop flag, no transaction_uuid: what the summary names (the environment,
+# the versions, the metrics: a noop change pending, a corrective change) is read from it.
+
+
+def _analyse_older_push(found: Recognised) -> Report:
+    report = _times(found.report)
+    text = report.get("summary")
+    sections = summary_sections(text) if isinstance(text, str) else {}
+    application, version = sections.get("application", {}), sections.get("version", {})
+    resources = {name: _number(value) for name, value in sections.get("resources", {}).items()}
+    events = {name: _number(value) for name, value in sections.get("events", {}).items()}
+    summary: dict[str, Any] = dict.fromkeys(SUMMARY_FIELDS)
+    status = report.get("status")
+    if status not in ("failed", "changed", "unchanged"):
+        status = (
+            "failed"
+            if _positive(resources.get("failed")) or _positive(resources.get("failed_to_restart"))
+            else "changed"
+            if _positive(resources.get("changed"))
+            else "unchanged"
+        )
+    summary.update(
+        host=report["host"],
+        status=status,
+        noop=False,  # the body does not say
+        noop_pending=_positive(events.get("noop")),
+        corrective_change=_positive(resources.get("corrective_change")),
+        environment=application.get("converged_environment"),
+        time=report.get("time"),
+        configuration_version=version.get("config"),
+        puppet_version=version.get("puppet"),
+    )
+    for field in ("configuration_version", "environment", "puppet_version"):
+        if summary[field] is not None:
+            summary[field] = str(summary[field])
+    summary["metrics"] = {
+        category: {name: _number(value) for name, value in values.items()}
+        for category, values in sections.items()
+        if category not in ("application", "version")  # texts, not metrics
+    }
+    summary["resources"] = []
+    summary["resources_total"] = 0
+    data = event_data(found.data or {}, True, status)  # as it came: `report` and `facts`
+    return Report(
+        report=report, key=found.key, resources=[], summary=summary, data=data, carries_resources=False
+    )
+
+
+def summary_sections(text: str) -> dict[str, dict[str, str]]:
+    """Report#summary's text read back: each section (`Events:`) with its values (`   Noop:
+    2`) as text, under the names Puppet labelized (`out_of_sync` from `Out of sync`). Zeros
+    are not in the text, and so not here."""
+    sections: dict[str, dict[str, str]] = {}
+    current: dict[str, str] | None = None
+    for line in text.splitlines():
+        if line and not line[0].isspace() and line.endswith(":"):
+            current = sections.setdefault(_unlabel(line[:-1]), {})
+        elif current is not None and ":" in line:
+            label, _, value = line.strip().partition(":")
+            current[_unlabel(label)] = value.strip()
+    return sections
+
+
+def _unlabel(label: str) -> str:
+    return label.strip().lower().replace(" ", "_")
+
+
+_INTEGER = re.compile(r"-?[0-9]+")
+_DECIMAL = re.compile(r"-?[0-9]+\.[0-9]+")  # Puppet writes fractions with two decimals
+
+
+def _number(text: str) -> Any:
+    """A metric's value as Puppet wrote it: a whole number, a decimal, or the text as it is
+    (never NaN or an infinity, which no JSON holds)."""
+    if _INTEGER.fullmatch(text):
+        return int(text)
+    return float(text) if _DECIMAL.fullmatch(text) else text
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
 
 
 # The event's data ------------------------------------------------------------------------------
@@ -361,9 +477,12 @@ class Filters:
     title_globs: list[str]
     tags: list[str]
 
-    def verdict(self, summary: dict[str, Any], resources: list[dict[str, Any]]) -> tuple[bool, str]:
+    def verdict(
+        self, summary: dict[str, Any], resources: list[dict[str, Any]], carries_resources: bool = True
+    ) -> tuple[bool, str]:
         """Whether the report matches, and a note for its event: why it was filtered, or
-        which filter could not judge it."""
+        which filter could not judge it. A body that carries no resources at all (an older
+        push body) matches no resource filter, and the note says so."""
         status = summary["status"]
         if self.statuses:
             if status not in self.statuses:
@@ -386,6 +505,11 @@ class Filters:
             fnmatch.fnmatchcase(summary["host"], glob) for glob in self.host_globs
         ):
             return False, f"Its host {summary['host']} matches none of the trigger's host globs."
+        if (self.resource_types or self.title_globs or self.tags) and not carries_resources:
+            return False, (
+                "The report carries no resources (the Puppet module's releases 1.x send only its "
+                "host, status, logs, summary and facts), so the trigger's resource filters cannot match it."
+            )
         if (self.resource_types or self.title_globs or self.tags) and not any(
             self._resource_matches(r) for r in resources
         ):

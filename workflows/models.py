@@ -320,7 +320,7 @@ class Conflict(Exception):
 
 
 class OverBudget(Exception):
-    """More than a budget allows (README "Budgets"); the message says which and how much.
+    """More than a budget allows (docs/security.md "Budgets"); the message says which and how much.
     `size`: a budget of bytes (a 413 for the API), else of a count (a 429)."""
 
     def __init__(self, message: str, size: bool) -> None:

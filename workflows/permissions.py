@@ -16,7 +16,7 @@ or `change_workflowrun`) and cancelling runs (`change_workflowrun`); answering a
 triggers' `change_trigger` give nothing more on another user's workflow.
 
 Answering an approval needs `approve_steprun` for the owner too: approving is a decision of its
-own, apart from writing the workflow (README, "API").
+own, apart from writing the workflow (docs/api.md, "API").
 """
 
 from enum import StrEnum

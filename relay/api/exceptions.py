@@ -34,3 +34,11 @@ class TooManyRequests(exceptions.APIException):
     status_code = status.HTTP_429_TOO_MANY_REQUESTS
     default_detail = "This budget is spent."
     default_code = "too_many_requests"
+
+
+class UnprocessableContent(exceptions.APIException):
+    """The body is read, and is not anything this endpoint can use (RFC 9110's 422)."""
+
+    status_code = status.HTTP_422_UNPROCESSABLE_ENTITY
+    default_detail = "The request body is not anything this endpoint can use."
+    default_code = "unprocessable_content"

@@ -87,9 +87,104 @@ class ScopeSerializer(RejectUnknownFields, serializers.Serializer):
         return attrs
 
 
+# Credentials a Bolt target object can carry (its `config`): a run is kept in the database
+# and shown to the bridge, so they belong in the bridge's own Bolt inventory or PE, not here.
+TARGET_SECRET_KEYS = {"password", "sudo-password", "private-key-content", "key-data", "token"}
+TASK_SCOPES = ("nodes", "query", "node_group")  # what PE's command/task takes
+
+
+class TargetField(serializers.Field):
+    """One of a task run's `targets`: a Bolt target object (the published shape), or a
+    certname (this service's task runs before scopes, turned into a scope at creation)."""
+
+    default_error_messages = {"invalid": "A Bolt target object, or a certname."}
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, str):
+            return StrictCharField(max_length=255, validators=[certname]).run_validation(data)
+        if not isinstance(data, dict):
+            self.fail("invalid")
+        secret = _secret_key(data)
+        if secret:
+            raise serializers.ValidationError(
+                f"`{secret}` is a credential: give it to the bridge (its Bolt inventory, or PE), "
+                "not to a run, which is stored and shown.",
+                "secret",
+            )
+        return StoredJSONField().run_validation(data)
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+def _secret_key(value: Any) -> str | None:
+    pending = [value]  # a loop, not recursion: the depth of a document is the client's
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            for key in item:
+                if str(key).lower() in TARGET_SECRET_KEYS:
+                    return str(key)
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return None
+
+
+@extend_schema_field(
+    {
+        "type": "array",
+        "maxItems": settings.RUN_MAX_NODES,
+        "items": {
+            "oneOf": [
+                {"type": "object"},
+                {"type": "string", "pattern": certname.regex.pattern, "maxLength": 255},
+            ]
+        },
+    }
+)
+class TargetsField(serializers.ListField):
+    child = TargetField()
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(max_length=settings.RUN_MAX_NODES, **kwargs)
+
+    def to_internal_value(self, data: Any) -> list[Any]:
+        targets = super().to_internal_value(data)
+        if json_size(targets) > PARAMS_MAX_BYTES:
+            raise serializers.ValidationError(f"Over {PARAMS_MAX_BYTES} bytes.", "max_length")
+        return targets
+
+
+def task_run_shape(attrs: dict[str, Any]) -> dict[str, str]:
+    """A task run as the published task-run-start sends it: `scope` (nodes, query or
+    node_group) and `targets`, Bolt target objects (optional). The shape this service took
+    before, certnames as `targets` and no scope, is still taken and made that: scope
+    `{nodes: targets}`, no targets. Returns the errors; fixes `attrs` in place."""
+    targets = attrs.get("targets") or []
+    names = [t for t in targets if isinstance(t, str)]
+    if "scope" not in attrs:
+        if targets and len(names) == len(targets):
+            attrs["scope"], attrs["targets"] = {"nodes": list(dict.fromkeys(names))}, []
+            return {}
+        return {"scope": "A task run needs a scope: nodes, query or node_group."}
+    errors = {}
+    kind = next(iter(attrs["scope"]))
+    if kind not in TASK_SCOPES:
+        errors["scope"] = f"A task run's scope is one of {', '.join(TASK_SCOPES)}; not {kind}."
+    if names:
+        errors["targets"] = "With a scope, targets are Bolt target objects, not certnames."
+    attrs.setdefault("targets", [])
+    return errors
+
+
 class RunCreateSerializer(RejectUnknownFields, serializers.Serializer):
     type = serializers.ChoiceField(choices=RunType.choices, default=RunType.RUN)
-    environment = StrictCharField(max_length=255, required=False, validators=[environment_name])
+    # null is no environment: the published task-run-start sends `environment: null` when
+    # its spec has none.
+    environment = StrictCharField(
+        max_length=255, required=False, allow_null=True, validators=[environment_name]
+    )
     scope = ScopeSerializer(required=False)
     noop = StrictBooleanField(default=False)
     no_noop = StrictBooleanField(default=False)
@@ -98,7 +193,7 @@ class RunCreateSerializer(RejectUnknownFields, serializers.Serializer):
     evaltrace = StrictBooleanField(default=False)
     name = StrictCharField(max_length=255, required=False, validators=[task_name])
     params = JSONObjectField(required=False)
-    targets = certname_list(required=False)
+    targets = TargetsField(required=False)
 
     def validate_environment(self, value: str) -> str:
         if value in RESERVED_ENVIRONMENTS:
@@ -111,6 +206,8 @@ class RunCreateSerializer(RejectUnknownFields, serializers.Serializer):
         return value
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs.get("environment") is None:
+            attrs.pop("environment", None)
         errors: dict[str, str] = {}
         kind = attrs["type"]
         if attrs["noop"] and attrs["no_noop"]:
@@ -124,12 +221,13 @@ class RunCreateSerializer(RejectUnknownFields, serializers.Serializer):
         else:
             if "name" not in attrs:
                 errors["name"] = f"A {kind} needs the name of its {kind.split('-')[0]}."
-            if "scope" in attrs:
-                errors["scope"] = "Task runs take targets and plan runs take none; not a scope."
-            if kind == RunType.TASK_RUN and "targets" not in attrs:
-                errors["targets"] = "A task run needs targets."
-            if kind == RunType.PLAN_RUN and "targets" in attrs:
-                errors["targets"] = "A plan run takes no targets; its plan chooses them."
+            if kind == RunType.TASK_RUN:
+                errors.update(task_run_shape(attrs))
+            else:
+                if "scope" in attrs:
+                    errors["scope"] = "A plan run takes no scope; its plan chooses its targets."
+                if "targets" in attrs:
+                    errors["targets"] = "A plan run takes no targets; its plan chooses them."
             attrs.setdefault("params", {})
 
         for field, message in check_against_connection(attrs, self.context["connection"]).items():
@@ -141,24 +239,25 @@ class RunCreateSerializer(RejectUnknownFields, serializers.Serializer):
 
 def check_against_connection(attrs: dict[str, Any], connection: PuppetConnection) -> dict[str, str]:
     """What the connection's Puppet cannot run, by field: its settings decide (platform,
-    backend), whatever its bridge sends. A connection whose platform was never set is
-    checked against the platform its bridge reported, as before the settings existed; a
-    reported backend decides nothing.
+    backend), whatever its bridge sends. A setting never made is filled, as before the
+    settings existed, by what the bridge reported: its platform, and, on open source
+    Puppet, whether its backend is Bolt (which also runs tasks).
 
     Puppet Enterprise needs an environment (the orchestrator's deploy does). By backend:
-    the orchestrator runs everything; Bolt runs on a list of nodes (scope `nodes`) and runs
-    tasks (on nodes, or on targets), but the bridge's Bolt backend runs no plans; SSH runs
-    only runs on a list of nodes. Open source Puppet with no backend set: only runs on a
-    list of nodes (what every backend but the orchestrator can do)."""
+    the orchestrator runs everything; Bolt runs runs and task runs on a list of nodes (scope
+    `nodes`), and no plans (the bridge's Bolt backend runs none); SSH runs only runs on a
+    list of nodes. Open source Puppet with no backend set or reported: as SSH (what every
+    backend but the orchestrator can do)."""
     errors: dict[str, str] = {}
     kind, scope = attrs["type"], attrs.get("scope")
     platform, backend = connection.platform_for_runs, connection.backend
     if platform == Platform.PE and not attrs.get("environment"):
         errors["environment"] = "This connection runs Puppet Enterprise: give an environment."
-    if not backend and platform == Platform.OSS:
-        backend, why = Backend.SSH, "This connection runs open source Puppet"
-    else:
-        why = f"This connection's backend is {Backend(backend).label}" if backend else ""
+    if backend:
+        why = f"This connection's backend is {Backend(backend).label}"
+    elif platform == Platform.OSS:
+        backend = Backend.BOLT if connection.reported_backend == Backend.BOLT else Backend.SSH
+        why = "This connection runs open source Puppet" + (" with Bolt" if backend == Backend.BOLT else "")
     if backend == Backend.SSH:
         if kind != RunType.RUN:
             errors["type"] = (

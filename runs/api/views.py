@@ -18,7 +18,7 @@ from relay.api.parsers import BoundedJSONParser
 from relay.api.permissions import IsConnection
 from runs import results
 from runs.api.serializers import AcceptSerializer, RunCreateSerializer, StateSerializer
-from runs.models import OPEN_STATES, Conflict, Run, Status
+from runs.models import OLD_TASK_RUNS, OPEN_STATES, Conflict, Run, Status
 from runs.notify import wait_for_runs
 
 
@@ -101,6 +101,8 @@ class RunViewSet(GenericViewSet):
         if wanted not in OPEN_STATES:
             raise exceptions.ValidationError({"status": [f"One of {', '.join(OPEN_STATES)}."]})
         runs = self.get_queryset().filter(status=wanted)
+        if not from_our_bridge(request):
+            runs = runs.exclude(OLD_TASK_RUNS)
         wait = _wait_seconds(request)
         self.paginator.get_page_size(request)  # a bad limit is a 400 before any wait
         waited = getattr(request._request, "scope", {}).get("relay.waited", False)
@@ -183,6 +185,13 @@ class StateParser(BoundedJSONParser):
 
     def max_bytes(self) -> int:
         return settings.RUN_STATE_MAX_BODY_BYTES
+
+
+def from_our_bridge(request: Request) -> bool:
+    """Whether the caller is this service's own bridge (`relay-bridge`, every version of which
+    sends `X-Relay-Backend` on every call), which can work a task run made before task runs
+    had a scope. The shipped Ruby agent sends no such header, and exits on such a run."""
+    return bool(request.META.get("HTTP_X_RELAY_BACKEND", "").strip())
 
 
 def _wait_seconds(request: Request) -> int:

@@ -20,6 +20,17 @@ from typing import Any
 from tests.bao import free_port
 
 SCOPES = ("nodes", "query", "node_group", "application")
+TASK_KEYS = {
+    "environment",
+    "scope",
+    "task",
+    "params",
+    "noop",
+    "targets",
+    "description",
+    "timeout",
+    "userdata",
+}
 
 
 def make_tls(directory: Path, names: str = "DNS:localhost,IP:127.0.0.1") -> tuple[Path, Path, Path]:
@@ -260,14 +271,36 @@ class Orchestrator:
         return 202, {"job": {"id": f"{self.url}/jobs/{job.name}", "name": job.name}}
 
     def _task(self, body: Any) -> tuple[int, Any]:
-        if not isinstance(body, dict) or not body.get("task"):
+        """POST /command/task as PE's orchestrator API v1 documents it: `environment`, `scope`
+        (exactly one of nodes, query, node_group: no application), `task` and `params` (an
+        object, maybe empty) required; `noop` (boolean), `targets` (Bolt-server connection
+        objects), `description`, `timeout`, `userdata` optional; nothing else."""
+        if not isinstance(body, dict):
+            return self._error(400, "validation-error", "The body must be a JSON object.")
+        unknown = sorted(set(body) - TASK_KEYS)
+        if unknown:
+            return self._error(
+                400, "validation-error", f"Unknown keys: {', '.join(unknown)}", {"keys": unknown}
+            )
+        if not isinstance(body.get("task"), str) or not body["task"]:
             return self._error(400, "validation-error", "The task is required.")
+        if not isinstance(body.get("params"), dict):
+            return self._error(400, "validation-error", "The params are required: a JSON object.")
+        if "noop" in body and not isinstance(body["noop"], bool):
+            return self._error(400, "validation-error", "noop must be a boolean.")
+        targets = body.get("targets", [])
+        if not isinstance(targets, list) or not all(isinstance(t, dict) for t in targets):
+            return self._error(400, "validation-error", "targets must be an array of objects.")
         error = self._check_environment(body)
         if error:
             return error
+        if isinstance(body.get("scope"), dict) and "application" in body["scope"]:
+            return self._error(400, "validation-error", "A task's scope is nodes, query or node_group.")
         nodes = self._scope_nodes(body.get("scope"))
         if isinstance(nodes, tuple):
             return nodes
+        if not nodes:
+            return self._error(400, "empty-target", "The scope names no nodes.")
         job = self._new_job("task", body, nodes)
         return 202, {"job": {"id": f"{self.url}/jobs/{job.name}", "name": job.name}}
 

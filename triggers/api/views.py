@@ -69,9 +69,11 @@ class TriggerViewSet(TokenHolderViewSet):
 
 
 class EventIngestView(APIView):
-    """`POST /api/events`: a Puppet report (YAML or JSON) or a Relay push body, with the
-    trigger's token as Bearer or as the Basic password. Answers 202 with the event id once the
-    body and the event are stored; a worker reads the report later."""
+    """`POST /api/events`: a Puppet report (YAML or JSON) or a Relay push body (the module's
+    2.x, or its releases 1.x), with the trigger's token as Bearer or as the Basic password.
+    Answers 202 with the event id once the body and the event are stored; a worker reads the
+    report later. A JSON body small enough to be read whole at the door and that is no report
+    is refused then (400, 422)."""
 
     authentication_classes = [TriggerTokenAuthentication]
     permission_classes = [IsTrigger]
@@ -79,7 +81,14 @@ class EventIngestView(APIView):
 
     @extend_schema(
         request={"application/json": dict, "application/x-yaml": str},
-        responses={202: inline_serializer("EventAccepted", {"id": serializers.UUIDField()})},
+        responses={
+            202: inline_serializer("EventAccepted", {"id": serializers.UUIDField()}),
+            400: OpenApiResponse(description="A JSON body the worker could not read (an RFC 9457 problem)."),
+            422: OpenApiResponse(
+                description="A JSON body that is no report of any shape this service reads: no host "
+                "(an RFC 9457 problem)."
+            ),
+        },
     )
     def post(self, request: Request) -> Response:
         trigger = request.auth

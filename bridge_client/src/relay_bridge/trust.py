@@ -13,6 +13,7 @@ from typing import Any
 
 CERTNAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]*")
 ENVIRONMENT_RE = re.compile(r"[a-z0-9_]+")
+TASK_NAME_RE = re.compile(r"[a-z][a-z0-9_]*(::[a-z][a-z0-9_]*)*")
 NAME_MAX = 255
 
 
@@ -34,6 +35,11 @@ def certname_ok(value: Any) -> bool:
 
 def environment_ok(value: Any) -> bool:
     return isinstance(value, str) and len(value) <= NAME_MAX and ENVIRONMENT_RE.fullmatch(value) is not None
+
+
+def task_name_ok(value: Any) -> bool:
+    """`module` or `module::name`: it goes on Bolt's command line."""
+    return isinstance(value, str) and len(value) <= NAME_MAX and TASK_NAME_RE.fullmatch(value) is not None
 
 
 def shown(value: Any) -> str:

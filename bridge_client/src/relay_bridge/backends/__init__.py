@@ -144,12 +144,33 @@ def puppet_flags(run: dict[str, Any]) -> list[str]:
     return flags
 
 
-def nodes_of(run: dict[str, Any], backend: str) -> list[str]:
-    """The run's node list, or RunError when the backend cannot do what it asks."""
+# What each kind of run needs beyond `puppet agent`, for the refusals' messages.
+NEEDS = {"task-run": "the Bolt or PE orchestrator backend", "plan-run": "the PE orchestrator backend"}
+
+
+def scope_of(run: dict[str, Any]) -> dict[str, Any]:
+    """The run's scope. A task run the service made before task runs had a scope carries
+    its nodes as certname `targets` and no scope: those are its nodes."""
+    scope = run.get("scope")
+    if run.get("type") == "task-run" and not scope and isinstance(run.get("targets"), list):
+        return {"nodes": run["targets"]}
+    return scope if isinstance(scope, dict) else {}
+
+
+def target_objects(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """A task run's `targets` as published: Bolt target objects (none for the old shape)."""
+    targets = run.get("targets") if run.get("scope") else None
+    return [t for t in targets if isinstance(t, dict)] if isinstance(targets, list) else []
+
+
+def nodes_of(run: dict[str, Any], backend: str, kinds: tuple[str, ...] = ("run",)) -> list[str]:
+    """The run's node list, or RunError when the backend cannot do what it asks: a kind of
+    run not in `kinds`, or a scope other than a list of nodes (a PuppetDB query or a node
+    group needs PuppetDB or the classifier, which only the PE orchestrator asks)."""
     kind = run.get("type") or "run"
-    if kind != "run":
-        raise RunError(f"The {backend} backend cannot do {kind}s; use the PE orchestrator backend.")
-    scope = run.get("scope") or {}
+    if kind not in kinds:
+        raise RunError(f"The {backend} backend cannot do {kind}s; use {NEEDS.get(kind, 'another backend')}.")
+    scope = scope_of(run)
     unsupported = sorted(set(scope) - {"nodes"})
     if unsupported:
         raise RunError(

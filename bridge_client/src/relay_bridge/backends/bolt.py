@@ -1,5 +1,7 @@
 """The Bolt backend: one `bolt command run '<puppet> agent -t …' --targets a,b --format json`
-per run. Each target is judged by its own exit code (integration contract §5-6): Bolt calls
+per run, and `bolt task run NAME --targets a,b --params @file --format json` per task run
+(on the scope's nodes; a query or node group needs PuppetDB, which only PE's orchestrator
+asks here). Each target is judged by its own exit code (integration contract §5-6): Bolt calls
 exit code 2 a failure, while for Puppet it means "changes applied". A target Bolt could not
 reach is a failed node with Bolt's message.
 
@@ -19,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from relay_bridge import reports
+from relay_bridge import reports, trust
 from relay_bridge.backends import (
     GOOD_EXITS,
     NodeResult,
@@ -53,6 +55,7 @@ OPTIONS = {
     "concurrency": None,
     "connect_timeout": None,
     "report_max_bytes": reports.DEFAULT_MAX_BYTES,  # the last run report read after Puppet; 0: none
+    "modulepath": None,  # where Bolt finds tasks (its --modulepath); unset: its project's modules
 }
 TAIL_CHARS = 4000
 
@@ -84,6 +87,7 @@ class BoltBackend:
         self.concurrency = o.integer("concurrency", 1)
         self.connect_timeout = o.integer("connect_timeout", 1)
         self.report_max_bytes = o.integer("report_max_bytes", 0) if self.transport != "winrm" else 0
+        self.modulepath = o.string("modulepath")
 
     def command(self, run: dict[str, Any]) -> str:
         puppet = [str(self.puppet), "agent", "-t", *puppet_flags(run)]
@@ -121,14 +125,44 @@ class BoltBackend:
 
     def argv(self, nodes: list[str], command: str, inventory: Path) -> list[str]:
         argv = [*self.bolt, "command", "run", command, "--targets", ",".join(nodes)]
-        argv += ["--format", "json", "--no-tty", "--no-save-rerun", "--inventoryfile", str(inventory)]
+        return argv + self.common(inventory)
+
+    def common(self, inventory: Path) -> list[str]:
+        argv = ["--format", "json", "--no-tty", "--no-save-rerun", "--inventoryfile", str(inventory)]
         if self.concurrency:
             argv += ["--concurrency", str(self.concurrency)]
         return argv
 
+    def task_argv(self, run: dict[str, Any], nodes: list[str], workdir: Path) -> list[str]:
+        """`bolt task run`; its parameters in a 0600 file (`--params @file`), never on the
+        command line, where any local user could read them."""
+        with private_file(workdir / "params.json") as sink:
+            sink.write(json.dumps(run.get("params") or {}))
+        argv = [*self.bolt, "task", "run", str(run["name"]), "--targets", ",".join(nodes)]
+        argv += ["--params", f"@{workdir / 'params.json'}"]
+        if run.get("noop"):
+            argv.append("--noop")
+        if self.modulepath:
+            argv += ["--modulepath", str(self.modulepath)]
+        return argv + self.common(workdir / "inventory.yaml")
+
     def start(self, run: dict[str, Any], workdir: Path) -> BoltJob:
         # Certnames only: never `@file`, `local://…`, a glob or an option, which --targets reads.
-        nodes = nodes_of(run, "bolt")
+        # A task run's Bolt target objects are not used: their `uri` or `config` could point
+        # Bolt anywhere (`local://` runs here, as root); Bolt's inventory is the bridge's.
+        nodes = nodes_of(run, "bolt", kinds=("run", "task-run"))
+        if run.get("type") == "task-run":
+            if not trust.task_name_ok(run.get("name")):
+                raise RunError(
+                    f"The task run's name is not a valid task name: {trust.shown(run.get('name'))}."
+                )
+            if not isinstance(run.get("params") or {}, dict):
+                raise RunError("The task run's params are not a JSON object.")
+            make_dir(workdir)
+            argv = self.task_argv(run, nodes, workdir)
+            with private_file(workdir / "inventory.yaml") as sink:
+                sink.write(json.dumps(self.inventory()))
+            return BoltJob(argv, nodes, workdir, task=True)
         command = self.command(run)
         make_dir(workdir)
         inventory = workdir / "inventory.yaml"
@@ -146,6 +180,8 @@ class BoltBackend:
         check_certnames(handle["nodes"])
         if not process_alive(handle.get("pid"), b"bolt") and _items(workdir / "bolt.json") is None:
             raise RunError("Bolt ended while the bridge was down and left no results.")
+        if handle.get("task"):
+            return BoltJob(None, handle["nodes"], workdir, pid=handle.get("pid"), task=True)
         reading = reports.job_reading(*reports.reading_of(handle))
         return BoltJob(None, handle["nodes"], workdir, pid=handle.get("pid"), reading=reading)
 
@@ -160,11 +196,13 @@ class BoltJob:
         workdir: Path,
         pid: int | None = None,
         reading: dict[str, Any] | None = None,
+        task: bool = False,
     ) -> None:
         """Start Bolt with `argv`, or (after a bridge restart) watch the Bolt running as `pid`.
         `reading`: the job id of this run's reports and how much of one the command prints
-        (reports.job_reading; none: reports are not read)."""
+        (reports.job_reading; none: reports are not read). `task`: a task run's Bolt."""
         self.nodes = nodes
+        self.task = task
         self.reading = reading or reports.job_reading("", 0)
         self.output = workdir / "bolt.json"
         self.errors = workdir / "bolt.err"
@@ -185,6 +223,8 @@ class BoltJob:
         threading.Thread(target=self._reap, daemon=True).start()
 
     def handle(self) -> dict[str, Any]:
+        if self.task:
+            return {"kind": "bolt", "pid": self.pid, "nodes": self.nodes, "task": True}
         return {"kind": "bolt", "pid": self.pid, "nodes": self.nodes, **self.reading}
 
     def _reap(self) -> None:
@@ -210,13 +250,32 @@ class BoltJob:
             error = self.errors.read_text(errors="replace")[-TAIL_CHARS:] if self.errors.exists() else ""
             code = self.proc.returncode if self.proc is not None else "while the bridge was down"
             why = "it was stopped" if self.stopped else f"it exited {code}"
-            msg = f"Bolt gave no results ({why}): {error.strip() or 'no output'}"
+            said = _bolt_error(self.output)  # with --format json, Bolt's own error is on stdout
+            msg = f"Bolt gave no results ({why}): {said or error.strip() or 'no output'}"
             return "error", {"result": {"msg": msg}}
         by_target = {item.get("target"): item for item in items if isinstance(item, dict)}
+        if self.task:
+            task_nodes = [_task_node(name, by_target.get(name)) for name in self.nodes]
+            ok = task_nodes and all(node["state"] == "finished" for node in task_nodes)
+            return ("finished" if ok else "failed"), {"nodes": task_nodes}
         duration = time.monotonic() - self.started
         job_id, max_bytes = reports.reading_of(self.reading)
         nodes = [_node(name, by_target.get(name), duration, job_id, max_bytes) for name in self.nodes]
         return outcome_of(nodes), {"nodes": [n.as_json() for n in nodes]}
+
+
+def _bolt_error(output: Path) -> str:
+    """Bolt's error document (`{"kind", "msg", "details"}`) as a line, or ""."""
+    try:
+        document = json.loads(output.read_text(errors="replace")[:100_000])
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(document, dict) or not isinstance(document.get("msg"), str):
+        return ""
+    kind = document.get("kind")
+    return (
+        f"{kind}: {document['msg']}"[:TAIL_CHARS] if isinstance(kind, str) else document["msg"][:TAIL_CHARS]
+    )
 
 
 def _items(output: Path) -> list[Any] | None:
@@ -251,3 +310,17 @@ def _node(
     message = str(error.get("msg") or "Bolt could not run the command on this target")
     details = {"kind": error["kind"]} if error.get("kind") else {}
     return NodeResult(name, "failed", None, message, duration, output, details)
+
+
+def _task_node(name: str, item: dict[str, Any] | None) -> dict[str, Any]:
+    """A target's task result, as the orchestrator's node items have it: `state`, and the
+    task's own `result` (its JSON output, or Bolt's `_output`, `_error`)."""
+    if item is None:
+        return {
+            "name": name,
+            "state": "failed",
+            "result": {"_error": {"msg": "Bolt reported nothing for this target"}},
+        }
+    value = item.get("value") if isinstance(item.get("value"), dict) else {}
+    state = "finished" if item.get("status") == "success" else "failed"
+    return {"name": name, "state": state, "result": value}

@@ -20,7 +20,7 @@ from typing import Any
 
 import requests
 
-from relay_bridge.backends import RunError, check_certnames, environment_of
+from relay_bridge.backends import RunError, check_certnames, environment_of, scope_of, target_objects
 from relay_bridge.backends.options import Options
 from relay_bridge.config import ConfigError
 from relay_bridge.logs import logger
@@ -35,6 +35,7 @@ OPTIONS = {
     "page_size": 100,
 }
 SCOPES = ("nodes", "query", "node_group", "application")
+TASK_SCOPES = ("nodes", "query", "node_group")  # command/task takes no application
 FINAL = ("stopped", "finished", "failed")
 PLAN_FINAL = ("success", "failure")
 
@@ -139,18 +140,9 @@ class OrchestratorBackend:
         raise RunError(f"The orchestrator could not be reached ({method} {path}): {last}")
 
     def deploy_body(self, run: dict[str, Any]) -> dict[str, Any]:
-        scope = run.get("scope") or {}
-        kinds = [k for k in SCOPES if k in scope]
-        if len(kinds) != 1 or set(scope) - set(SCOPES):
-            raise RunError(f"The run's scope must have exactly one of {', '.join(SCOPES)}.")
-        value = scope[kinds[0]]
-        if kinds[0] == "nodes":
-            if not isinstance(value, list) or not value:
-                raise RunError("The run names no nodes.")
-            value = check_certnames(value)
         body: dict[str, Any] = {
             "environment": environment_of(run) or "production",
-            "scope": {kinds[0]: value},
+            "scope": _scope(run, SCOPES),
             "description": f"Relay run {run['id']}",
         }
         # noop or no_noop, never both: no_noop makes agents whose puppet.conf says noop enforce.
@@ -162,6 +154,19 @@ class OrchestratorBackend:
             body["concurrency"] = self.concurrency
         return body
 
+    def task_body(self, run: dict[str, Any]) -> dict[str, Any]:
+        """`command/task` as the shipped agent sends it: the run's scope, task, params, noop
+        and its Bolt target objects (PE's `targets`, for nodes reached through Bolt server)."""
+        return {
+            "environment": environment_of(run) or "production",
+            "scope": _scope(run, TASK_SCOPES),
+            "task": run.get("name"),
+            "params": run.get("params") or {},
+            "noop": bool(run.get("noop")),
+            "targets": target_objects(run),
+            "description": f"Relay run {run['id']}",
+        }
+
     def start(self, run: dict[str, Any], workdir: Path) -> OrchestratorJob:
         kind = run.get("type") or "run"
         description = f"Relay run {run['id']}"
@@ -169,19 +174,7 @@ class OrchestratorBackend:
             answer = self.call("POST", "command/deploy", self.deploy_body(run))
             return OrchestratorJob(self, _job_name(answer), plan=False)
         if kind == "task-run":
-            targets = run.get("targets")
-            if not isinstance(targets, list) or not targets:
-                raise RunError("The task run names no targets.")
-            body = {
-                "environment": environment_of(run) or "production",
-                "task": run.get("name"),
-                "params": run.get("params") or {},
-                "scope": {"nodes": check_certnames(targets, "target")},
-                "description": description,
-            }
-            if run.get("noop"):
-                body["noop"] = True
-            answer = self.call("POST", "command/task", body)
+            answer = self.call("POST", "command/task", self.task_body(run))
             return OrchestratorJob(self, _job_name(answer), plan=False)
         if kind == "plan-run":
             body = {
@@ -202,6 +195,20 @@ class OrchestratorBackend:
         if handle.get("kind") != "orchestrator" or not handle.get("job"):
             raise RunError("The bridge's record of this run's orchestrator job is unreadable.")
         return OrchestratorJob(self, str(handle["job"]), bool(handle.get("plan")))
+
+
+def _scope(run: dict[str, Any], kinds: tuple[str, ...]) -> dict[str, Any]:
+    """The run's scope for the orchestrator: exactly one of `kinds`, nodes as certnames."""
+    scope = scope_of(run)
+    present = [k for k in kinds if k in scope]
+    if len(present) != 1 or set(scope) - set(kinds):
+        raise RunError(f"The run's scope must have exactly one of {', '.join(kinds)}.")
+    value = scope[present[0]]
+    if present[0] == "nodes":
+        if not isinstance(value, list) or not value:
+            raise RunError("The run names no nodes.")
+        value = check_certnames(value)
+    return {present[0]: value}
 
 
 def _job_name(answer: Any) -> str:
