@@ -33,8 +33,8 @@ class KnownConnection:
     token_lookup: str
     token_digest: str
     token_pepper_id: int
-    platform: str
-    bridge_backend: str
+    reported_platform: str
+    reported_backend: str
 
     @property
     def token_prefix(self) -> str:
@@ -44,7 +44,7 @@ class KnownConnection:
 _cache: dict[str, KnownConnection] = {}
 
 _SQL = (
-    "SELECT c.id, c.token_lookup, c.token_digest, c.token_pepper_id, c.platform, c.bridge_backend"  # noqa: S608
+    "SELECT c.id, c.token_lookup, c.token_digest, c.token_pepper_id, c.reported_platform, c.reported_backend"  # noqa: S608
     f" FROM {PuppetConnection._meta.db_table} c JOIN {get_user_model()._meta.db_table} u"
     " ON u.id = c.owner_id WHERE c.token_lookup = %s AND u.is_active"
 )

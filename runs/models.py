@@ -393,8 +393,9 @@ def heartbeat_sql() -> str:
     (status, lease), it re-checks the connection's token against the row as it is now (the
     digest the caller verified, the newest pepper, an active owner) and that the ordinary path
     has nothing to write on the connection (last use within TOKEN_LAST_USED_RESOLUTION, the
-    platform and backend headers as recorded). When any fails there is no row, and the caller
-    hands the request to the ordinary path, which answers it in full.
+    platform and backend headers as recorded: reported_platform and reported_backend, which
+    note_bridge writes; a request never writes the settings). When any fails there is no
+    row, and the caller hands the request to the ordinary path, which answers it in full.
 
     Parameters by name: run, connection, held (the statuses, at most two, as two parameters
     held_0 and held_1: psycopg's array adaptation was a twentieth of the heartbeat's CPU),
@@ -414,8 +415,8 @@ def heartbeat_sql() -> str:
         " AND (%(lease)s::uuid IS NULL OR r.lease_id = %(lease)s::uuid)"
         " AND c.token_digest = %(digest)s AND c.token_pepper_id = %(pepper)s"
         " AND c.last_used > %(used_since)s"
-        " AND (%(platform)s = '' OR c.platform = %(platform)s)"
-        " AND (%(backend)s = '' OR c.bridge_backend = %(backend)s)"
+        " AND (%(platform)s = '' OR c.reported_platform = %(platform)s)"
+        " AND (%(backend)s = '' OR c.reported_backend = %(backend)s)"
         f" AND EXISTS (SELECT 1 FROM {user} AS u WHERE u.id = c.owner_id AND u.is_active)"
         f" RETURNING {columns}"
     )

@@ -61,7 +61,7 @@ def test_poll_once_forks_a_daemon_that_works_the_run_and_exits_at_once(service, 
     # It heartbeated while Puppet ran (2 s at 0.5 s), and told the service what it is.
     assert run.updated_at > in_progress.updated_at
     run.connection.refresh_from_db()
-    assert (run.connection.platform, run.connection.bridge_backend) == ("oss", "ssh")
+    assert (run.connection.reported_platform, run.connection.reported_backend) == ("oss", "ssh")
     assert len(calls.read_text().splitlines()) == 2  # Puppet ran once: start and end
     lines = log_lines(log, run_id)
     assert any("msg=accepted" in line for line in lines)

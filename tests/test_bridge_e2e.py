@@ -157,7 +157,7 @@ def test_a_workflow_run_reaches_puppet_agent_over_ssh_and_finishes(world):
     assert node["state"] == "finished"
     assert target.read_text() == "managed by Puppet v1"
     run.connection.refresh_from_db()
-    assert (run.connection.platform, run.connection.bridge_backend) == ("oss", "ssh")
+    assert (run.connection.reported_platform, run.connection.reported_backend) == ("oss", "ssh")
 
     # puppetserver sent the agent's report (reports = http) to the push trigger.
     event = wait_for(lambda: Event.objects.filter(trigger=world.trigger).first(), 60, "the report")

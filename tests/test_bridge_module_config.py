@@ -113,5 +113,5 @@ def test_the_module_s_relay_yaml_works_unchanged_through_its_proxy(service, tmp_
     assert "level=debug" in text and f"file={path}" in text
     for secret in (service.token, "rlyt_TRIGGERTOKEN", "pr0xy", "b0lt p@ss"):
         assert secret not in text
-    assert Run.objects.get(pk=run_id).connection.bridge_backend == "bolt"
+    assert Run.objects.get(pk=run_id).connection.reported_backend == "bolt"
     assert not os.listdir(tmp_path / "state" / "runs")

@@ -191,7 +191,7 @@ def test_the_bridge_s_platform_reaches_the_connection(service):
     _, _, bridge = service
     bridge.list_runs()
     connection = PuppetConnection.objects.get()
-    assert (connection.platform, connection.bridge_backend) == ("oss", "ssh")
+    assert (connection.reported_platform, connection.reported_backend) == ("oss", "ssh")
 
 
 def test_the_token_is_not_in_the_step_s_command_line(service, tmp_path):

@@ -58,24 +58,35 @@ def test_task_and_plan_runs_carry_their_fields(token):
     assert "targets" not in plan and "scope" not in plan
 
 
-def test_the_list_holds_open_runs_oldest_first_and_filters_by_status(token):
-    first, second, third = (create_run(token) for _ in range(3))
+def test_the_list_offers_the_runs_nobody_holds_oldest_first_and_filters_by_status(token):
+    first, second, third, fourth = (create_run(token) for _ in range(4))
     assert accept(token, second["id"]).status_code == 202
     assert put_state(token, third["id"], {"status": "complete"}).status_code == 409  # not accepted
     accept(token, third["id"])
     put_state(token, third["id"], {"status": "complete", "outcome": "failed"})
+    accept(token, fourth["id"])
+    put_state(token, fourth["id"], {"status": "in-progress", "next_update_before": soon()})
 
+    # Without `status`, only what a bridge may still accept: the shipped agent starts a job
+    # for every run listed `pending`, and an accepted run still shows `pending` (contract §1).
+    # (Before issue 18 the accepted and in-progress runs were listed too.)
     listed = bridge(token).get(RUNS).json()
-    assert [r["id"] for r in listed["runs"]] == [first["id"], second["id"]]
+    assert [r["id"] for r in listed["runs"]] == [first["id"]]
     assert set(listed) == {"runs"}  # no next page
-    # The accepted run shows the RFC's `pending`, and when it was accepted.
-    assert [r["state"]["status"] for r in listed["runs"]] == ["pending", "pending"]
-    assert "accepted_at" not in listed["runs"][0]["state"] and listed["runs"][1]["state"]["accepted_at"]
-    # The filter goes by what is recorded: `pending` is what a bridge may still accept.
+    assert (
+        listed["runs"][0]["state"]["status"] == "pending" and "accepted_at" not in listed["runs"][0]["state"]
+    )
     pending = bridge(token).get(RUNS, {"status": "pending"}).json()["runs"]
     assert [r["id"] for r in pending] == [first["id"]]
+    # Held runs, to whoever asks for them by their recorded status. The accepted run shows
+    # the RFC's `pending`, and when it was accepted.
     held = bridge(token).get(RUNS, {"status": "accepted"}).json()["runs"]
     assert [r["id"] for r in held] == [second["id"]]
+    assert held[0]["state"]["status"] == "pending" and held[0]["state"]["accepted_at"]
+    working = bridge(token).get(RUNS, {"status": "in-progress"}).json()["runs"]
+    assert [(r["id"], r["state"]["status"]) for r in working] == [(fourth["id"], "in-progress")]
+    # Paged, the same rule.
+    assert [r["id"] for r in bridge(token).get(RUNS, {"limit": "10"}).json()["runs"]] == [first["id"]]
     assert_problem(bridge(token).get(RUNS, {"status": "complete"}), 400)
     assert_problem(bridge(token).get(RUNS, {"status": "nonsense"}), 400)
 
@@ -196,7 +207,7 @@ def test_pe_needs_an_environment_and_open_source_only_runs_on_nodes(token, conne
     problem = assert_problem(pe.post(RUNS, {"scope": {"query": "nodes {}"}}, format="json"), 400)
     assert problem["errors"][0]["pointer"] == "#/environment"
     conn.refresh_from_db()
-    assert (conn.platform, conn.bridge_backend) == ("pe", "orchestrator")
+    assert (conn.reported_platform, conn.reported_backend) == ("pe", "orchestrator")
     assert (
         pe.post(
             RUNS, {"scope": {"query": "nodes {}"}, "environment": "production"}, format="json"

@@ -99,9 +99,10 @@ def test_a_ruby_agent_like_client_works_a_run_from_list_to_complete(live_server,
         assert listed[field] is False
     assert agent.accept(run_id)
     assert not rival.accept(run_id)  # 409: "someone else has it"
-    # Accepted shows `pending` until it is in progress (the RFC's statuses): a rival that
-    # lists it again is refused the accept again and leaves it, as the agent does.
-    assert [r["id"] for r in rival.list_pending()] == [run_id]
+    # Accepted, the run is offered to nobody any more (its own body still shows `pending`
+    # until it is in progress): the agent would start a job for any run listed `pending`,
+    # its own included (issue 18 §1). Before, it was listed and the rival refused the accept.
+    assert rival.list_pending() == [] and agent.list_pending() == []
     assert not rival.accept(run_id)
 
     assert agent.put_state(run_id, {"status": "pending"})["status"] == "pending"

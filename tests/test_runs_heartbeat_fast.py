@@ -99,7 +99,7 @@ def test_a_new_platform_header_is_recorded(held):
     beat(url, token, run)
     assert beat(url, token, run, headers={"X-Relay-Platform": "oss"}).status_code == 202
     conn.refresh_from_db()
-    assert conn.platform == "oss"
+    assert conn.reported_platform == "oss"
 
 
 def test_a_heartbeat_for_another_connections_run_is_404(held):

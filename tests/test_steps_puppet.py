@@ -142,15 +142,16 @@ def test_run_start_refuses_what_post_puppet_runs_refuses(puppet, alice, spec, me
 
 def test_a_bridge_on_open_source_puppet_limits_the_runs_as_the_api_does(puppet, alice):
     _, _ = puppet
-    PuppetConnection.objects.update(platform="oss")
+    PuppetConnection.objects.update(platform="oss")  # the setting (issue 18 §3), no backend
     done = step(RUN_START, alice, scope={"query": "nodes { }"}).start()
     assert (
-        "spec.scope: This connection's bridge runs open source Puppet: only the nodes scope." in done.message
+        "spec.scope: This connection runs open source Puppet: only the nodes scope"
+        " (scope `query` needs the PE orchestrator)." in done.message
     )
     done = step(TASK_RUN_START, alice, name="package", scope={"nodes": ["a"]}).start()
     assert (
-        "spec: This connection's bridge runs open source Puppet: only type 'run', "
-        "and task-run with its Bolt backend." in done.message
+        "spec: This connection runs open source Puppet: only type 'run'"
+        " (tasks need Bolt or the PE orchestrator, plans the orchestrator)." in done.message
     )
     assert not Run.objects.exists()
 

@@ -198,8 +198,16 @@ def test_old_task_runs_are_listed_to_our_bridge_only(live_server, token):
     with pytest.raises(MissingScopeError):
         ruby_task_run_from_h(session(token).get(f"{url}/{pending.id}", timeout=10).json())
 
+    # Without `status` the list offers only the runs nobody holds (issue 18 §1); the held one
+    # is listed to whoever asks for it by its status.
     ours = session(token, **OUR_BRIDGE).get(url, timeout=10).json()["runs"]
-    assert [r["id"] for r in ours] == [str(pending.id), str(held.id), new.json()["id"]]
+    assert [r["id"] for r in ours] == [str(pending.id), new.json()["id"]]
+    working = session(token, **OUR_BRIDGE).get(url, params={"status": "in-progress"}, timeout=10)
+    assert [r["id"] for r in working.json()["runs"]] == [str(held.id)]
+    agent_held = session(token, **{"User-Agent": "Ruby"}).get(
+        url, params={"status": "in-progress"}, timeout=10
+    )
+    assert agent_held.json()["runs"] == []
     first = ours[0]
     assert (first["targets"], first["name"], first["params"]) == (
         ["web1", "web2"],
@@ -224,4 +232,4 @@ def test_on_open_source_puppet_a_bolt_bridge_takes_task_runs_on_nodes(live_serve
     assert [e["pointer"] for e in refused.json()["errors"]] == ["#/scope"]
     refused = create("ssh", {"scope": {"nodes": ["a"]}})
     assert [e["pointer"] for e in refused.json()["errors"]] == ["#/type"]
-    assert "task-run with its Bolt backend" in refused.json()["errors"][0]["detail"]
+    assert "tasks need Bolt or the PE orchestrator" in refused.json()["errors"][0]["detail"]

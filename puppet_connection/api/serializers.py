@@ -1,8 +1,20 @@
-from puppet_connection.models import PuppetConnection
+from typing import Any
+
+from rest_framework import serializers
+
+from puppet_connection.models import PuppetConnection, settings_error
 from relay.api.serializers import TokenField, TokenHolderSerializer
 
 
 class PuppetConnectionSerializer(TokenHolderSerializer):
+    """`platform` and `backend` are the connection's settings, which runs are checked against;
+    `reported_*` is what its bridge last said (X-Relay-Platform, X-Relay-Backend), and
+    `warnings` says where the two disagree."""
+
+    warnings = serializers.SerializerMethodField(
+        help_text="Where the bridge's reports contradict the settings."
+    )
+
     class Meta:
         model = PuppetConnection
         fields = [
@@ -12,19 +24,35 @@ class PuppetConnectionSerializer(TokenHolderSerializer):
             "owner",
             "token_prefix",
             "platform",
-            "bridge_backend",
+            "backend",
+            "reported_platform",
+            "reported_backend",
+            "warnings",
             "created",
             "last_used",
             "token_regenerated_at",
         ]
         read_only_fields = [
             "id",
-            "platform",
-            "bridge_backend",
+            "reported_platform",
+            "reported_backend",
             "created",
             "last_used",
             "token_regenerated_at",
         ]
+
+    def get_warnings(self, connection: PuppetConnection) -> list[str]:
+        return connection.bridge_warnings()
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs = super().validate(attrs)
+        current = self.instance
+        platform = attrs.get("platform", current.platform if current else "")
+        backend = attrs.get("backend", current.backend if current else "")
+        error = settings_error(platform, backend)
+        if error:
+            raise serializers.ValidationError({"backend": error}, "invalid")
+        return attrs
 
 
 class PuppetConnectionTokenSerializer(PuppetConnectionSerializer):

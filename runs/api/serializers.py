@@ -12,7 +12,7 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from puppet_connection.models import Platform
+from puppet_connection.models import Backend, Platform, PuppetConnection
 from relay.api.serializers import (
     JSONObjectField,
     RejectUnknownFields,
@@ -230,21 +230,53 @@ class RunCreateSerializer(RejectUnknownFields, serializers.Serializer):
                     errors["targets"] = "A plan run takes no targets; its plan chooses them."
             attrs.setdefault("params", {})
 
-        platform = self.context["connection"].platform
-        if platform == Platform.PE and not attrs.get("environment"):
-            errors["environment"] = "This connection's bridge runs Puppet Enterprise: give an environment."
-        if platform == Platform.OSS:
-            # Bolt runs tasks on open source Puppet (on a list of nodes); plans need PE.
-            bolt = self.context["connection"].bridge_backend == "bolt"
-            if kind == RunType.PLAN_RUN or (kind == RunType.TASK_RUN and not bolt):
-                errors["type"] = "This connection's bridge runs open source Puppet: only type 'run'" + (
-                    ", and task-run with its Bolt backend." if kind == RunType.TASK_RUN else "."
-                )
-            elif "scope" in attrs and "nodes" not in attrs["scope"]:
-                errors["scope"] = "This connection's bridge runs open source Puppet: only the nodes scope."
+        for field, message in check_against_connection(attrs, self.context["connection"]).items():
+            errors.setdefault(field, message)
         if errors:
             raise serializers.ValidationError(errors)
         return attrs
+
+
+def check_against_connection(attrs: dict[str, Any], connection: PuppetConnection) -> dict[str, str]:
+    """What the connection's Puppet cannot run, by field: its settings decide (platform,
+    backend), whatever its bridge sends. A setting never made is filled, as before the
+    settings existed, by what the bridge reported: its platform, and, on open source
+    Puppet, whether its backend is Bolt (which also runs tasks).
+
+    Puppet Enterprise needs an environment (the orchestrator's deploy does). By backend:
+    the orchestrator runs everything; Bolt runs runs and task runs on a list of nodes (scope
+    `nodes`), and no plans (the bridge's Bolt backend runs none); SSH runs only runs on a
+    list of nodes. Open source Puppet with no backend set or reported: as SSH (what every
+    backend but the orchestrator can do)."""
+    errors: dict[str, str] = {}
+    kind, scope = attrs["type"], attrs.get("scope")
+    platform, backend = connection.platform_for_runs, connection.backend
+    if platform == Platform.PE and not attrs.get("environment"):
+        errors["environment"] = "This connection runs Puppet Enterprise: give an environment."
+    if backend:
+        why = f"This connection's backend is {Backend(backend).label}"
+    elif platform == Platform.OSS:
+        backend = Backend.BOLT if connection.reported_backend == Backend.BOLT else Backend.SSH
+        why = "This connection runs open source Puppet" + (" with Bolt" if backend == Backend.BOLT else "")
+    if backend == Backend.SSH:
+        if kind != RunType.RUN:
+            errors["type"] = (
+                f"{why}: only type 'run' (tasks need Bolt or the PE orchestrator, plans the orchestrator)."
+            )
+        elif scope and "nodes" not in scope:
+            errors["scope"] = (
+                f"{why}: only the nodes scope (scope `{next(iter(scope))}` needs the PE orchestrator)."
+            )
+    elif backend == Backend.BOLT:
+        if kind == RunType.PLAN_RUN:
+            errors["type"] = (
+                f"{why}, and the bridge's Bolt backend runs no plans: they need the PE orchestrator."
+            )
+        elif scope and "nodes" not in scope:
+            errors["scope"] = (
+                f"{why}: only the nodes scope (scope `{next(iter(scope))}` needs the PE orchestrator)."
+            )
+    return errors
 
 
 class AcceptSerializer(serializers.Serializer):

@@ -80,8 +80,9 @@ class RunViewSet(GenericViewSet):
             OpenApiParameter(
                 "status",
                 enum=[s.value for s in OPEN_STATES],
-                description="`pending`: runs no bridge has accepted; `accepted`: accepted, not started"
-                " (they show `pending` with `accepted_at`); `in-progress`.",
+                description="`pending` (the default): runs no bridge has accepted, the only ones"
+                " listed without `status`; `accepted`: accepted, not started (they show `pending`"
+                " with `accepted_at`); `in-progress`.",
             ),
             OpenApiParameter(
                 "wait",
@@ -91,16 +92,17 @@ class RunViewSet(GenericViewSet):
         ]
     )
     def list(self, request: Request) -> Response:
-        runs = self.get_queryset().filter(status__in=OPEN_STATES)
+        # By the recorded status. Without `status`, only the runs nobody holds: the shipped
+        # agent starts a job for every run the list shows `pending`, and an accepted run
+        # shows `pending` until it is in progress (runs.models.wire_status), so listing it
+        # would have the agent start it twice (contract §1). Held runs are listed only to
+        # whoever asks for them by their status.
+        wanted = request.query_params.get("status", Status.PENDING)
+        if wanted not in OPEN_STATES:
+            raise exceptions.ValidationError({"status": [f"One of {', '.join(OPEN_STATES)}."]})
+        runs = self.get_queryset().filter(status=wanted)
         if not from_our_bridge(request):
             runs = runs.exclude(OLD_TASK_RUNS)
-        wanted = request.query_params.get("status")
-        if wanted is not None:
-            # By the recorded status: `pending` lists what a bridge may still accept, though
-            # accepted runs show `pending` too (see runs.models).
-            if wanted not in OPEN_STATES:
-                raise exceptions.ValidationError({"status": [f"One of {', '.join(OPEN_STATES)}."]})
-            runs = runs.filter(status=wanted)
         wait = _wait_seconds(request)
         self.paginator.get_page_size(request)  # a bad limit is a 400 before any wait
         waited = getattr(request._request, "scope", {}).get("relay.waited", False)
