@@ -43,10 +43,11 @@ system-packages:
 test: $(VENV)/.installed system-packages .step-python/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(BIN)/pytest
 
-# The documentation site (docs/, mkdocs.yml) into var/site/; --strict: a broken link fails.
+# The documentation site (docs/, mkdocs.yml) into var/site/; --strict: a broken link fails
+# (not with --quiet, which hides the warnings that --strict counts).
 docs: $(VENV)/.installed
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
