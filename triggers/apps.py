@@ -6,4 +6,4 @@ class TriggersConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from triggers import objects  # noqa: F401  (connects its signal receiver)
+        from triggers import objects  # noqa: F401  (connects its signal receivers)

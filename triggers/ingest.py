@@ -8,7 +8,6 @@ its SHA-256: `bodies/<aa>/<bb>/<sha256>`. Memory stays bounded whatever the size
 """
 
 import hashlib
-import logging
 import re
 import tempfile
 import zlib
@@ -22,6 +21,7 @@ from django.db.models import Q
 from django.http import HttpRequest
 from rest_framework import exceptions
 
+from relay import dispatch
 from relay.api.exceptions import LengthRequired, PayloadTooLarge, UnprocessableContent
 from relay.api.params import is_whole_number
 from triggers import objects, ratelimit
@@ -30,7 +30,6 @@ from triggers.objects import body_name
 from triggers.parsing import NotAReport, UnreadableReport, load_json, node_budget, plain, without_nul
 from triggers.reports import WHOLE, recognise
 
-log = logging.getLogger(__name__)
 CHUNK = 64 * 1024
 SPOOL_IN_MEMORY = 256 * 1024
 # Content types Puppet and the report processor send, and what the worker reads them as.
@@ -246,9 +245,6 @@ def _resent(trigger: Trigger, sha256: str, transaction_uuid: str, key: str) -> E
 
 
 def _enqueue(event_id: object) -> None:
-    from triggers.tasks import process_event
-
-    try:
-        process_event.delay(str(event_id))
-    except Exception:
-        log.warning("could not queue event %s; the sweeper will", event_id)
+    dispatch.publish_or_log(
+        "triggers.tasks.process_event", str(event_id), what=f"event {event_id}; the sweeper will"
+    )

@@ -8,6 +8,7 @@ from django.conf import settings
 from django.db import models, transaction
 from django.db.models import F
 from django.db.models.fields.json import KeyTransform
+from django.dispatch import Signal
 from django.utils import timezone
 
 from connections.models import name_validator
@@ -176,14 +177,18 @@ class BodyFormat(models.TextChoices):
     YAML = "yaml"  # a Puppet YAML report, as Puppet's http processor sends it
 
 
+# Sent in the deleting transaction, before events are deleted (`events`: a queryset of them),
+# so that their stored objects are released with them: triggers.objects receives it. A signal
+# of its own rather than pre_delete: a bulk delete sends it once, not once per row.
+events_deleting = Signal()
+
+
 class EventQuerySet(models.QuerySet):
     def delete(self) -> tuple[int, dict[str, int]]:
-        """Delete the events and release their stored objects (triggers.objects), in one
-        transaction: the admin's bulk delete, the retention purge and any other come here."""
-        from triggers import objects
-
+        """Delete the events and release their stored objects, in one transaction: the admin's
+        bulk delete, the retention purge and any other come here."""
         with transaction.atomic(using=self.db):
-            objects.release_events(self)
+            events_deleting.send(sender=Event, events=self)
             return super().delete()
 
 
@@ -327,10 +332,8 @@ class Event(models.Model):
         )
 
     def delete(self, using: str | None = None, keep_parents: bool = False) -> tuple[int, dict[str, int]]:
-        from triggers import objects
-
         with transaction.atomic(using=using):
-            objects.release_events(Event.objects.filter(pk=self.pk))
+            events_deleting.send(sender=Event, events=Event.objects.filter(pk=self.pk))
             return super().delete(using, keep_parents)
 
 

@@ -43,7 +43,7 @@ from django.db.models.signals import pre_delete
 from django.dispatch import receiver
 from django.utils import timezone
 
-from triggers.models import PART_KINDS, Event, ReleasedObject, Trigger
+from triggers.models import PART_KINDS, Event, ReleasedObject, Trigger, events_deleting
 
 log = logging.getLogger(__name__)
 # Names deleted right after the commit that released them; more (a large trigger, a purge
@@ -107,6 +107,11 @@ def release_events(events: QuerySet[Event]) -> None:
         names.add(body_name(sha256))
         names.update(part["name"] for part in parts.values())
     release(names)
+
+
+@receiver(events_deleting, sender=Event)
+def _release_deleted_events(sender: type, events: QuerySet[Event], **kwargs: object) -> None:
+    release_events(events)
 
 
 @receiver(pre_delete, sender=Trigger)

@@ -13,6 +13,7 @@ from django.db import DatabaseError, DataError, IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from relay import dispatch
 from relay.api.parsers import RefusedJSON, read_json
 from triggers import objects, reader, slack
 from triggers.models import Event, EventState, TriggerKind, WorkflowStart
@@ -240,23 +241,18 @@ def _original(event: Event, transaction_uuid: str, key: str) -> Event | None:
 
 
 def _queue_notification(event_id: object) -> None:
-    from triggers.tasks import notify_slack
-
-    try:
-        notify_slack.delay(str(event_id))
-    except Exception:
-        log.warning("could not queue the notification of event %s", event_id)
+    dispatch.publish_or_log(
+        "triggers.tasks.notify_slack", str(event_id), what=f"the notification of event {event_id}"
+    )
 
 
 def queue_workflow_start(event_id: object) -> None:
-    """Queue the start of the run a workflow trigger's matched event asks for. A broker that
-    is down loses nothing: requeue_stuck_events sends it again."""
-    from workflows.tasks import start_run_for_event
-
-    try:
-        start_run_for_event.delay(str(event_id))
-    except Exception:
-        log.warning("could not queue the workflow run of event %s", event_id)
+    """Queue the start of the run a workflow trigger's matched event asks for (by the task's
+    name: the workflows app is above this one). A broker that is down loses nothing:
+    requeue_stuck_events sends it again."""
+    dispatch.publish_or_log(
+        "workflows.tasks.start_run_for_event", str(event_id), what=f"the workflow run of event {event_id}"
+    )
 
 
 def notify(event_id: str) -> None:
