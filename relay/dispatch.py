@@ -18,7 +18,12 @@ def publish(name: str, *args: Any, countdown: float | None = None) -> None:
     """Queue task `name` with `args` (as eager as the app is configured: tests run some tasks
     where they are queued). Raises what the broker raises, and KeyError for a name that is no
     registered task (a typo shows in the first test that takes the path)."""
-    current_app.tasks[name].apply_async(args=args, countdown=countdown)
+    tasks = current_app.tasks
+    if name not in tasks:
+        # Celery discovers the tasks modules as a worker starts; a web process has imported
+        # them only if something did: import them all, once.
+        current_app.loader.import_default_modules()
+    tasks[name].apply_async(args=args, countdown=countdown)
 
 
 def publish_or_log(name: str, *args: Any, what: str) -> bool:

@@ -3,8 +3,6 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from triggers.api.views import EventIngestView, WebhookIngestView
-
 
 def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok"})
@@ -17,8 +15,6 @@ urlpatterns = [
     path("api/", include("connections.api.urls")),
     path("api/", include("triggers.api.urls")),
     path("api/", include("workflows.api.urls")),
-    path("api/events", EventIngestView.as_view(), name="events"),
-    path("api/webhooks/<uuid:trigger_id>/", WebhookIngestView.as_view(), name="webhook"),
     path("_puppet/", include("runs.api.urls")),
     path("healthz", healthz, name="healthz"),
     # The step runtime API (relay-core's metadata API) for running steps, at the root.

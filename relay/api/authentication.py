@@ -14,8 +14,6 @@ never opens a machine endpoint, and a connection's or trigger's token never a us
 import base64
 import binascii
 
-from django.apps import apps
-from django.utils.functional import cached_property
 from django.views.decorators.debug import sensitive_variables
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication
@@ -52,13 +50,10 @@ def token_from_header(header: str) -> str:
 
 
 class HolderTokenAuthentication(BaseAuthentication):
-    """request.user is the holder's owner; request.auth is the holder (connection or trigger)."""
+    """request.user is the holder's owner; request.auth is the holder (a connection or a
+    trigger: each app's subclass names its model)."""
 
-    holder_model_label = ""
-
-    @cached_property
-    def holder_model(self) -> type[TokenHolder]:
-        return apps.get_model(self.holder_model_label)
+    holder_model: type[TokenHolder]
 
     @sensitive_variables("header", "token")
     def authenticate(self, request: Request) -> tuple[object, TokenHolder] | None:
@@ -73,25 +68,6 @@ class HolderTokenAuthentication(BaseAuthentication):
 
     def authenticate_header(self, request: Request) -> str:
         return 'Bearer realm="relay", Basic realm="relay", charset="UTF-8"'
-
-
-class ConnectionTokenAuthentication(HolderTokenAuthentication):
-    """Also records what the bridge says it runs on: `X-Relay-Platform: pe|oss` and
-    `X-Relay-Backend: orchestrator|bolt|ssh`, sent by the bridge on every call."""
-
-    holder_model_label = "puppet_connection.PuppetConnection"
-
-    def authenticate(self, request: Request) -> tuple[object, TokenHolder] | None:
-        result = super().authenticate(request)
-        if result is not None:
-            result[1].note_bridge(
-                request.META.get("HTTP_X_RELAY_PLATFORM", ""), request.META.get("HTTP_X_RELAY_BACKEND", "")
-            )
-        return result
-
-
-class TriggerTokenAuthentication(HolderTokenAuthentication):
-    holder_model_label = "triggers.Trigger"
 
 
 class UserTokenAuthentication(BaseAuthentication):

@@ -25,23 +25,14 @@ from rest_framework.views import APIView
 from relay.tokens import TokenHolder
 
 
-class _HoldsToken(BasePermission):
-    prefix = ""
+class HoldsToken(BasePermission):
+    """The request carries a valid token of `holder_model` (each app's subclass names it), as
+    its HolderTokenAuthentication found it."""
+
+    holder_model: type[TokenHolder]
 
     def has_permission(self, request: Request, view: APIView) -> bool:
-        return isinstance(request.auth, TokenHolder) and request.auth.TOKEN_PREFIX == self.prefix
-
-
-class IsConnection(_HoldsToken):
-    """The request carries a valid connection token (see ConnectionTokenAuthentication)."""
-
-    prefix = "rlyp"
-
-
-class IsTrigger(_HoldsToken):
-    """The request carries a valid push-trigger token (see TriggerTokenAuthentication)."""
-
-    prefix = "rlyt"
+        return isinstance(request.auth, self.holder_model)
 
 
 def is_superuser(user: AbstractBaseUser | AnonymousUser) -> bool:

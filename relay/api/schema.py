@@ -1,32 +1,7 @@
-"""How the OpenAPI schema (drf-spectacular) describes our own authentication."""
+"""How the OpenAPI schema (drf-spectacular) describes the user token (the connection's and the
+trigger's token: beside their authentication, in their apps)."""
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
-
-
-class ConnectionTokenScheme(OpenApiAuthenticationExtension):
-    target_class = "relay.api.authentication.ConnectionTokenAuthentication"
-    name = "connectionToken"
-
-    def get_security_definition(self, auto_schema: object) -> dict[str, str]:
-        return {
-            "type": "http",
-            "scheme": "bearer",
-            "description": "The connection's token (rlyp_...). HTTP Basic with the token as the "
-            "password is accepted too.",
-        }
-
-
-class TriggerTokenScheme(OpenApiAuthenticationExtension):
-    target_class = "relay.api.authentication.TriggerTokenAuthentication"
-    name = "triggerToken"
-
-    def get_security_definition(self, auto_schema: object) -> dict[str, str]:
-        return {
-            "type": "http",
-            "scheme": "bearer",
-            "description": "The push trigger's token (rlyt_...). HTTP Basic with the token as the password "
-            "(any user name) is accepted too, as Puppet's reporturl sends it.",
-        }
 
 
 class UserTokenScheme(OpenApiAuthenticationExtension):

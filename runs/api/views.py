@@ -11,11 +11,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.viewsets import GenericViewSet
 
-from relay.api.authentication import ConnectionTokenAuthentication
+from puppet_connection.api.authentication import ConnectionTokenAuthentication, IsConnection
 from relay.api.exceptions import Conflict as ConflictProblem
 from relay.api.params import query_int
 from relay.api.parsers import BoundedJSONParser
-from relay.api.permissions import IsConnection
 from runs import results
 from runs.api.serializers import AcceptSerializer, RunCreateSerializer, StateSerializer
 from runs.models import OLD_TASK_RUNS, OPEN_STATES, Conflict, Run, Status

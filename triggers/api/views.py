@@ -16,12 +16,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from relay.api.authentication import TriggerTokenAuthentication
 from relay.api.exceptions import Conflict
 from relay.api.params import query_text
-from relay.api.permissions import IsTrigger
 from relay.api.views import TokenHolderViewSet
 from triggers import webhooks
+from triggers.api.authentication import IsTrigger, TriggerTokenAuthentication
 from triggers.api.serializers import (
     REPORT_STATUSES,
     EventListSerializer,
