@@ -23,18 +23,25 @@ steps:
 """
 
 
+def worker(tmp_path, **env: str) -> EngineWorker:
+    """A solo worker whose sessions are named (other tests' servers may hold sessions too)."""
+    db = connection.settings_dict
+    url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}?application_name={NAME}"
+    return EngineWorker(tmp_path / "worker.log", pool="solo", DATABASE_URL=url, **env)
+
+
+NAME = "relay-kept-connections-test"
+
+
 def worker_backends() -> list[tuple[int, object]]:
-    """(pid, backend_start) of the other sessions on the tests' database: the worker's."""
+    """(pid, backend_start) of the worker's sessions."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pid, backend_start FROM pg_stat_activity WHERE datname = current_database()"
-            " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
-        )
+        cursor.execute("SELECT pid, backend_start FROM pg_stat_activity WHERE application_name = %s", [NAME])
         return cursor.fetchall()
 
 
 def test_a_worker_keeps_its_connection_from_task_to_task(owner, tmp_path):
-    worker = EngineWorker(tmp_path / "worker.log", pool="solo", WORKFLOW_INLINE_SECONDS="0")
+    process = worker(tmp_path, WORKFLOW_INLINE_SECONDS="0")
     try:
         run = finished(run_of(owner, CHAIN))
         assert run.outcome == "success"
@@ -50,13 +57,13 @@ def test_a_worker_keeps_its_connection_from_task_to_task(owner, tmp_path):
         assert again.outcome == "success"
         assert [pid for pid, _ in worker_backends()] != [backends[0][0]]
     finally:
-        worker.stop()
+        process.stop()
 
 
 def test_conn_max_age_0_still_closes_after_each_task(owner, tmp_path):
-    worker = EngineWorker(tmp_path / "worker.log", pool="solo", CONN_MAX_AGE="0")
+    process = worker(tmp_path, CONN_MAX_AGE="0")
     try:
         assert finished(run_of(owner, CHAIN)).outcome == "success"
         assert worker_backends() == []
     finally:
-        worker.stop()
+        process.stop()
