@@ -307,12 +307,13 @@ def _advance(run_id: Any, requeue: bool, inline: bool) -> str | None:
     # advanced one after the other, and the second reads (in a statement begun after the
     # lock was granted) what the first committed. So the last step's transaction always
     # sees every other step ended, the run completes exactly once, and no step is sent twice.
-    run = WorkflowRun.objects.select_for_update().filter(pk=run_id).first()
-    if run is None or run.status == RunStatus.COMPLETE:
+    locked = _locked_run.instances(run_id)
+    if not locked or locked[0].status == RunStatus.COMPLETE:
         return None
+    run = locked[0]
     if run.status == RunStatus.INITIALIZING and not run.cancel_requested:
         return None  # start_run begins it
-    steps = list(_steps(run, "message", "excused", "queued_at"))
+    steps = sorted(_step_states.instances(run.pk), key=lambda step: step.index)
     if all(step.resolved for step in steps):
         outcome, message = _outcome(run, steps)
         if run.finish(outcome, message):
@@ -349,6 +350,18 @@ def _advance(run_id: Any, requeue: bool, inline: bool) -> str | None:
     return None
 
 
+# What advance reads on every step's end, and start_step of the step it starts, by statements
+# written once per process (relay.rows): Django compiling them took longer than PostgreSQL
+# answering them, most of a hop's time in the worker.
+_locked_run = rows.Select(WorkflowRun, None, where=("id",), lock=True)
+_step_states = rows.Select(
+    StepRun, ("id", "run", "index", "name", "status", "message", "excused", "queued_at"), where=("run",)
+)
+_step_with_run = rows.Chain(
+    StepRun, ("run", "workflow"), where="id", exclude={StepRun: ("outputs", "decorators", "output_metadata")}
+)
+
+
 def _steps(run: WorkflowRun, *fields: str) -> "models.QuerySet[StepRun]":
     """The run's steps with name, status and `fields` loaded (a reverse relation's manager
     would load each row's run_id again, one query a row, were it not among them)."""
@@ -381,7 +394,7 @@ def start_step(step_id: str, inline: bool = False) -> str | None:
 
     With `inline`: the one step its end made ready, if it made exactly one, is returned
     instead of sent (advance), for the caller to start."""
-    step = StepRun.objects.select_related("run", "run__workflow").filter(pk=step_id).first()
+    step = _step_with_run(step_id)
     if step is None or step.status != StepStatus.PENDING:
         return None
     run = step.run
@@ -443,17 +456,18 @@ def _reason(text: str) -> str:
 def _start(step: StepRun, run: WorkflowRun, inline: bool = False) -> str | None:
     document = parsed(run.revision_id)
     spec = document.step(step.name)
-    steps = {s.name: s for s in _steps(run, "outputs")}
-    if not all(steps[name].resolved for name in spec.after):
-        return  # an early or repeated message; advance queues it again when it is time
-    not_success = [name for name in spec.needs if steps[name].status != StepStatus.SUCCESS]
+    found = _step_data(run.pk)  # name, status, outputs
+    status = {name: value for name, value, _ in found}
+    if not all(status[name] in RESOLVED for name in spec.after):
+        return None  # an early or repeated message; advance queues it again when it is time
+    not_success = [name for name in spec.needs if status[name] != StepStatus.SUCCESS]
     if not_success:
-        which = ", ".join(f"{name!r} ended {steps[name].status}" for name in not_success)
+        which = ", ".join(f"{name!r} ended {status[name]}" for name in not_success)
         if step.skip(f"Skipped: it depends on steps that did not succeed ({which})."):
             advance(run.pk)
         return None
 
-    data = _data(run, steps.values())
+    data = _data_of(run, found)
     lookups = _Lookups(run)
     try:
         holds, excused = _conditions(spec, data, lookups)
@@ -500,7 +514,7 @@ def resume_step(step_id: str, inline: bool = False) -> str | None:
             _halt(run)
             return None
         if step.mark_woken():
-            return  # a worker holds it now, and will look again when it is done
+            return None  # a worker holds it now, and will look again when it is done
         step.refresh_from_db()
         if step.status != StepStatus.IN_PROGRESS:
             return None
