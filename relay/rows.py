@@ -35,6 +35,8 @@ class Columns:
             else [model._meta.get_field(name) for name in names]  # type: ignore[misc]
         )
         self.attnames = [field.attname for field in self.fields]
+        self.names_given = names is not None
+        self.ordered = [f.attname for f in model._meta.concrete_fields if f.attname in self.attnames]
         self._converters: dict[str, list[tuple[int, list[Converter], Any]]] = {}
 
     def __len__(self) -> int:
@@ -58,7 +60,13 @@ class Columns:
         return values
 
     def instance(self, row: Sequence[Any], start: int, connection: BaseDatabaseWrapper) -> Model:
-        return self.model.from_db(connection.alias, self.attnames, self.values(row, start, connection))
+        values = self.values(row, start, connection)
+        if self.names_given:  # Model.from_db takes the values in the model's field order
+            by_name = dict(zip(self.attnames, values, strict=True))
+            return self.model.from_db(
+                connection.alias, self.ordered, [by_name[attname] for attname in self.ordered]
+            )
+        return self.model.from_db(connection.alias, self.attnames, values)
 
     def _converters_for(self, connection: BaseDatabaseWrapper) -> list[tuple[int, list[Converter], Any]]:
         # What SQLCompiler.get_converters finds for these columns: the backend's and the
@@ -77,28 +85,98 @@ class Columns:
 
 class Select:
     """`SELECT <names> FROM <model's table> WHERE <where[0]> = %s AND …`: the rows' values,
-    converted. Filters compare fields (a foreign key by its column) with values prepared as
-    the ORM prepares them (a UUID as SQLite keeps it)."""
+    converted, or (`instances`) the model's instances with those fields loaded, the others
+    deferred. Filters compare fields (a foreign key by its column) with values prepared as
+    the ORM prepares them (a UUID as SQLite keeps it). `lock`: FOR UPDATE, where the database
+    has it (select_for_update's rule: SQLite, which locks the whole database at BEGIN
+    IMMEDIATE, does not)."""
 
-    def __init__(self, model: type[Model], names: Sequence[str], where: Sequence[str]) -> None:
+    def __init__(
+        self, model: type[Model], names: Sequence[str] | None, where: Sequence[str], lock: bool = False
+    ) -> None:
         self.columns = Columns(model, "t", names)
         self.where: list[Field] = [model._meta.get_field(name) for name in where]  # type: ignore[misc]
+        self.lock = lock
         self.statements: dict[str, str] = {}
 
-    def __call__(self, *values: Any) -> list[list[Any]]:
+    def _rows(self, values: Sequence[Any]) -> tuple[BaseDatabaseWrapper, list[tuple[Any, ...]]]:
         using = self.columns.model._default_manager.db
         connection = connections[using]
         sql = self.statements.get(using)
         if sql is None:
             quote = connection.ops.quote_name
             conditions = " AND ".join(f"t.{quote(field.column)} = %s" for field in self.where)
+            lock = " FOR UPDATE" if self.lock and connection.features.has_select_for_update else ""
             sql = self.statements[using] = (
                 f"SELECT {self.columns.sql(connection)} FROM {self.columns.table(connection)}"  # noqa: S608
-                f" WHERE {conditions}"
+                f" WHERE {conditions}{lock}"
             )
         pairs = zip(self.where, values, strict=True)
         params = [field.get_db_prep_value(value, connection) for field, value in pairs]
-        return [self.columns.values(row, 0, connection) for row in fetch(using, sql, params)]
+        return connection, fetch(using, sql, params)
+
+    def __call__(self, *values: Any) -> list[list[Any]]:
+        connection, found = self._rows(values)
+        return [self.columns.values(row, 0, connection) for row in found]
+
+    def instances(self, *values: Any) -> list[Model]:
+        connection, found = self._rows(values)
+        return [self.columns.instance(row, 0, connection) for row in found]
+
+
+class Chain:
+    """`model`'s row whose `where` field is %s, with the rows its foreign keys lead to one
+    after the other (`links`: a step run's run, then that run's workflow), as
+    select_related("run__workflow") loads them, in one statement written once per database.
+    `exclude`: fields of a model left deferred."""
+
+    def __init__(
+        self,
+        model: type[Model],
+        links: Sequence[str],
+        where: str,
+        exclude: dict[type[Model], Sequence[str]] | None = None,
+    ) -> None:
+        exclude = exclude or {}
+        chain: list[type[Model]] = [model]
+        self.links: list[Any] = []
+        for link in links:
+            field = chain[-1]._meta.get_field(link)
+            self.links.append(field)
+            chain.append(field.related_model)  # type: ignore[arg-type]
+        self.columns = [Columns(m, f"t{i}", exclude=exclude.get(m, ())) for i, m in enumerate(chain)]
+        self.where: Field = model._meta.get_field(where)  # type: ignore[assignment]
+        self.statements: dict[str, str] = {}
+
+    def sql(self, connection: BaseDatabaseWrapper) -> str:
+        sql = self.statements.get(connection.alias)
+        if sql is None:
+            quote = connection.ops.quote_name
+            joins = "".join(
+                f" INNER JOIN {to.table(connection)}"
+                f" ON {to.alias}.{quote(link.target_field.column)} = {source.alias}.{quote(link.column)}"
+                for source, to, link in zip(self.columns[:-1], self.columns[1:], self.links, strict=True)
+            )
+            first = self.columns[0]
+            sql = self.statements[connection.alias] = (
+                f"SELECT {', '.join(c.sql(connection) for c in self.columns)}"  # noqa: S608
+                f" FROM {first.table(connection)}{joins} WHERE {first.alias}.{quote(self.where.column)} = %s"
+            )
+        return sql
+
+    def __call__(self, value: Any) -> Model | None:
+        using = self.columns[0].model._default_manager.db
+        connection = connections[using]
+        found = fetch(using, self.sql(connection), [self.where.get_db_prep_value(value, connection)])
+        if not found:
+            return None
+        chain, start = [], 0
+        for columns in self.columns:
+            chain.append(columns.instance(found[0], start, connection))
+            start += len(columns)
+        for link, source, to in zip(self.links, chain[:-1], chain[1:], strict=True):
+            link.set_cached_value(source, to)
+        return chain[0]
 
 
 def fetch(using: str, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:

@@ -417,6 +417,9 @@ SECRET_CACHE_SECONDS = env.float("SECRET_CACHE_SECONDS", default=30.0)
 WORKFLOW_STEP_LEASE = env.int("WORKFLOW_STEP_LEASE", default=300)
 WORKFLOW_STEP_MAX_ATTEMPTS = env.int("WORKFLOW_STEP_MAX_ATTEMPTS", default=5)
 WORKFLOW_STUCK_AFTER = env.int("WORKFLOW_STUCK_AFTER", default=60)  # idle runs the sweeper looks at
+# A worker that ends a step which makes exactly one other ready starts that one itself, without
+# a trip through the broker, for up to this many seconds of its task (0: never).
+WORKFLOW_INLINE_SECONDS = env.float("WORKFLOW_INLINE_SECONDS", default=1.0)
 # Budgets (docs/security.md "Budgets"), each checked as it is spent. A run started by a step (the step
 # runtime's POST /workflows/{name}/run) is one deeper than the step's run; deeper than
 # RUN_MAX_DEPTH is refused. One owner's runs not yet complete, at most RUN_MAX_IN_PROGRESS:

@@ -81,3 +81,49 @@ def test_messages_the_broker_lost_are_sent_again(broker, owner, tmp_path):
     finally:
         worker.stop()
     assert lost_start.outcome == "success" and begun.outcome == "success"
+
+
+THREE = f"""
+apiVersion: v1
+steps:
+- name: a
+  image: {NOOP}
+- name: b
+  image: {NOOP}
+  dependsOn: a
+- name: c
+  image: {NOOP}
+  dependsOn: b
+"""
+
+
+def test_a_chain_runs_in_line_in_one_task(broker, owner, tmp_path):
+    worker = EngineWorker(tmp_path / "worker.log", pool="solo")
+    try:
+        run = finished(run_of(owner, THREE))
+    finally:
+        worker.stop()
+    assert run.outcome == "success"
+    # start_run's message, then one start_step: b and c were started by the worker that ended
+    # the step before them, without a message.
+    assert worker.log().count("Task workflows.tasks.start_step[") == 2  # one task: received, succeeded
+
+
+def test_a_step_to_start_in_line_survives_its_worker_dying_first(broker, owner, tmp_path):
+    run = run_of(owner, THREE)
+    engine.start_run(run.pk)
+    clear_queues(broker)  # start_run's message for `a`: this process is that worker
+    steps = steps_of(run)
+    assert engine.start_step(str(steps["a"].pk), inline=True) == str(steps["b"].pk)
+    # The worker dies here, before starting `b`: no message for it anywhere, its start on record.
+    assert broker.llen(queue_key()) == 0
+    b = StepRun.objects.get(pk=steps["b"].pk)
+    assert b.status == "pending" and b.queued_at is not None
+    worker = EngineWorker(tmp_path / "worker.log", pool="solo")
+    try:
+        assert engine.sweep() == 0
+        assert engine.sweep(timezone.now() + timedelta(seconds=settings.WORKFLOW_STUCK_AFTER + 1)) == 1
+        run = finished(run)
+    finally:
+        worker.stop()
+    assert run.outcome == "success" and statuses(run) == {"a": "success", "b": "success", "c": "success"}

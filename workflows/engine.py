@@ -26,6 +26,7 @@ import json
 import logging
 import sys
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -286,23 +287,40 @@ def start_run(run_id: str) -> None:
 # Moving a run along --------------------------------------------------------------------------
 
 
-def advance(run_id: Any, requeue: bool = False) -> None:
+def advance(run_id: Any, requeue: bool = False, inline: bool = False) -> str | None:
     """Queue every pending step whose predecessors have all ended, once (or again, with
     `requeue`: the sweeper's, for a message that was lost); complete the run when every step
-    has. Idempotent: called after each step ends, and by the sweeper."""
-    run = WorkflowRun.objects.filter(pk=run_id).first()
-    if run is None or run.status == RunStatus.COMPLETE:
-        return
+    has. Idempotent: called after each step ends, and by the sweeper. Inside a transaction
+    it is part of it (a step's outcome, its successors marked and their starts sent when it
+    commits, one transaction); else it makes its own.
+
+    With `inline`, when exactly one step becomes ready its start is not sent: its id is
+    returned, for the caller to start it itself once this commits (see `follow`); its
+    `queued_at` is set all the same, so a caller that dies before starting it leaves it to
+    the sweeper, as a lost message would be."""
+    with transaction.atomic(savepoint=False):
+        return _advance(run_id, requeue, inline)
+
+
+def _advance(run_id: Any, requeue: bool, inline: bool) -> str | None:
+    # The run's row, locked until the transaction ends: two steps that end at once are
+    # advanced one after the other, and the second reads (in a statement begun after the
+    # lock was granted) what the first committed. So the last step's transaction always
+    # sees every other step ended, the run completes exactly once, and no step is sent twice.
+    locked = _locked_run.instances(run_id)
+    if not locked or locked[0].status == RunStatus.COMPLETE:
+        return None
+    run = locked[0]
     if run.status == RunStatus.INITIALIZING and not run.cancel_requested:
-        return  # start_run begins it
-    steps = list(_steps(run, "message", "excused", "queued_at"))
+        return None  # start_run begins it
+    steps = sorted(_step_states.instances(run.pk), key=lambda step: step.index)
     if all(step.resolved for step in steps):
         outcome, message = _outcome(run, steps)
         if run.finish(outcome, message):
             log.info("workflow run %s complete: %s", run.pk, outcome)
-        return
+        return None
     if run.cancel_requested:
-        return  # cancel_run skipped the pending steps and is cancelling the rest
+        return None  # cancel_run skipped the pending steps and is cancelling the rest
     try:
         document = parsed(run.revision_id)
     except DocumentError as exc:
@@ -311,8 +329,8 @@ def advance(run_id: Any, requeue: bool = False) -> None:
         why = _reason(f"Skipped: its workflow's revision is not valid any more: {exc}")
         skipped = [step.skip(why) for step in steps if step.status == StepStatus.PENDING]
         if any(skipped):
-            advance(run_id)
-        return
+            return _advance(run_id, requeue, inline)
+        return None
     by_name = {step.name: step for step in steps}
     ready = [
         step.pk
@@ -324,15 +342,24 @@ def advance(run_id: Any, requeue: bool = False) -> None:
     if ready and not requeue:
         # Every step that ends advances the run: without this, each would send a start for
         # every ready step again (50 independent steps: 1,275 messages instead of 50).
-        with transaction.atomic():
-            ready = list(
-                StepRun.objects.select_for_update(skip_locked=True)
-                .filter(pk__in=ready, queued_at__isnull=True)
-                .values_list("pk", flat=True)
-            )
-            StepRun.objects.filter(pk__in=ready).update(queued_at=timezone.now())
+        StepRun.objects.filter(pk__in=ready).update(queued_at=timezone.now())
+    if inline and len(ready) == 1:
+        return str(ready[0])
     for step_id in ready:
         _queue(tasks.start_step, step_id)
+    return None
+
+
+# What advance reads on every step's end, and start_step of the step it starts, by statements
+# written once per process (relay.rows): Django compiling them took longer than PostgreSQL
+# answering them, most of a hop's time in the worker.
+_locked_run = rows.Select(WorkflowRun, None, where=("id",), lock=True)
+_step_states = rows.Select(
+    StepRun, ("id", "run", "index", "name", "status", "message", "excused", "queued_at"), where=("run",)
+)
+_step_with_run = rows.Chain(
+    StepRun, ("run", "workflow"), where="id", exclude={StepRun: ("outputs", "decorators", "output_metadata")}
+)
 
 
 def _steps(run: WorkflowRun, *fields: str) -> "models.QuerySet[StepRun]":
@@ -358,20 +385,23 @@ class _Undecidable(Exception):
     """A step's `when` or spec cannot be evaluated; the message says why, for its author."""
 
 
-def start_step(step_id: str) -> None:
+def start_step(step_id: str, inline: bool = False) -> str | None:
     """Decide a pending step whose predecessors have ended, and start it (exactly once).
 
     Bounded like a step in progress: what the step's document or data can never do fails
     it at once, with the reason; any other error is tried again (Celery's retries, then the
-    sweeper's) WORKFLOW_STEP_MAX_ATTEMPTS times in all, then fails it."""
-    step = StepRun.objects.select_related("run", "run__workflow").filter(pk=step_id).first()
+    sweeper's) WORKFLOW_STEP_MAX_ATTEMPTS times in all, then fails it.
+
+    With `inline`: the one step its end made ready, if it made exactly one, is returned
+    instead of sent (advance), for the caller to start."""
+    step = _step_with_run(step_id)
     if step is None or step.status != StepStatus.PENDING:
-        return
+        return None
     run = step.run
     if run.status != RunStatus.IN_PROGRESS or run.cancel_requested:
-        return
+        return None
     try:
-        _start(step, run)
+        return _start(step, run, inline)
     except DocumentError as exc:
         if step.fail_unstarted(_reason(f"Its workflow's revision is not valid any more: {exc}"), []):
             advance(run.pk)
@@ -379,6 +409,30 @@ def start_step(step_id: str) -> None:
         if not _count_failed_start(step, exc):
             raise
         advance(run.pk)
+    return None
+
+
+def follow(start: Callable[..., str | None], step_id: str) -> None:
+    """`start(step_id, inline=True)` (start_step or resume_step), then the one step each end made
+    ready, in this worker, without a trip through the broker, for up to
+    WORKFLOW_INLINE_SECONDS; what is left then is sent. Each step is still claimed, leased
+    and recorded as it would be from its own message, and its `queued_at` was committed
+    with its predecessor's end: a worker that dies here leaves it to the sweeper, as a lost
+    message. A step started so has that much less of its task's soft time limit, never
+    more time than its lease."""
+    deadline = time.monotonic() + settings.WORKFLOW_INLINE_SECONDS
+    following = start(step_id, inline=True)
+    while following is not None:
+        if time.monotonic() >= deadline:
+            _queue(tasks.start_step, following)
+            return
+        try:
+            following = start_step(following, inline=True)
+        except Exception:
+            # Its own message's retry, as Celery would have made it (retry_backoff).
+            log.warning("workflow step %s: start failed in line; sent again", following, exc_info=True)
+            _queue(tasks.start_step, following, countdown=1)
+            return
 
 
 def _count_failed_start(step: StepRun, exc: Exception) -> bool:
@@ -399,56 +453,57 @@ def _reason(text: str) -> str:
     return text if len(text) <= 2000 else text[:2000] + "…"
 
 
-def _start(step: StepRun, run: WorkflowRun) -> None:
+def _start(step: StepRun, run: WorkflowRun, inline: bool = False) -> str | None:
     document = parsed(run.revision_id)
     spec = document.step(step.name)
-    steps = {s.name: s for s in _steps(run, "outputs")}
-    if not all(steps[name].resolved for name in spec.after):
-        return  # an early or repeated message; advance queues it again when it is time
-    not_success = [name for name in spec.needs if steps[name].status != StepStatus.SUCCESS]
+    found = _step_data(run.pk)  # name, status, outputs
+    status = {name: value for name, value, _ in found}
+    if not all(status[name] in RESOLVED for name in spec.after):
+        return None  # an early or repeated message; advance queues it again when it is time
+    not_success = [name for name in spec.needs if status[name] != StepStatus.SUCCESS]
     if not_success:
-        which = ", ".join(f"{name!r} ended {steps[name].status}" for name in not_success)
+        which = ", ".join(f"{name!r} ended {status[name]}" for name in not_success)
         if step.skip(f"Skipped: it depends on steps that did not succeed ({which})."):
             advance(run.pk)
-        return
+        return None
 
-    data = _data(run, steps.values())
+    data = _data_of(run, found)
     lookups = _Lookups(run)
     try:
         holds, excused = _conditions(spec, data, lookups)
     except _Undecidable as exc:
         if step.fail_unstarted(_reason(str(exc)), []):
             advance(run.pk)
-        return
+        return None
     if not holds:
         if step.skip("Skipped: its `when` is false.", excused):
             advance(run.pk)
-        return
+        return None
 
     if step.kind == StepKind.APPROVAL:
         step.await_answer(settings.APPROVAL_TIMEOUT, excused)
-        return
+        return None
     if registry.handler_for(step.image) is None:
         if step.fail_unstarted(unknown_image_message(step.image), excused):
             advance(run.pk)
-        return
+        return None
     lease = step.claim(settings.WORKFLOW_STEP_LEASE, excused)
     if lease is None:
-        return  # another message (or worker) started it
-    _work(step, run, lease, "start", data, lookups)
+        return None  # another message (or worker) started it
+    return _work(step, run, lease, "start", data, lookups, inline)
 
 
-def resume_step(step_id: str) -> None:
+def resume_step(step_id: str, inline: bool = False) -> str | None:
     """A step in progress: checked again (woken, or its recheck time came), started again
     (its worker died before recording the start), or cancelled (its run was). Bounded: a step
     tried WORKFLOW_STEP_MAX_ATTEMPTS times without an outcome ends `system-error`."""
     step = StepRun.objects.select_related("run", "run__workflow").filter(pk=step_id).first()
     if step is None or step.status != StepStatus.IN_PROGRESS:
-        return
+        return None
     run = step.run
     if step.kind == StepKind.APPROVAL:
         _resume_approval(step, run)
-        return
+        return None
     lease = None
     for _ in range(3):
         lease = step.reclaim(settings.WORKFLOW_STEP_LEASE, settings.WORKFLOW_STEP_MAX_ATTEMPTS)
@@ -457,19 +512,20 @@ def resume_step(step_id: str) -> None:
         if step.give_up(settings.WORKFLOW_STEP_MAX_ATTEMPTS):
             log.warning("workflow step %s gave up: %s", step.pk, step.message)
             _halt(run)
-            return
+            return None
         if step.mark_woken():
-            return  # a worker holds it now, and will look again when it is done
+            return None  # a worker holds it now, and will look again when it is done
         step.refresh_from_db()
         if step.status != StepStatus.IN_PROGRESS:
-            return
+            return None
     if lease is None:
-        return
+        return None
     if WorkflowRun.objects.filter(pk=run.pk, cancel_requested=True).exists():
         _cancel_held(step, run, lease)
-        return
+        return None
     steps = _steps(run, "outputs")
-    _work(step, run, lease, "start" if step.state is None else "check", _data(run, steps), _Lookups(run))
+    phase: Literal["start", "check"] = "start" if step.state is None else "check"
+    return _work(step, run, lease, phase, _data(run, steps), _Lookups(run), inline)
 
 
 def _resume_approval(step: StepRun, run: WorkflowRun) -> None:
@@ -490,29 +546,35 @@ def _work(
     phase: Literal["start", "check"],
     data: Data,
     lookups: "_Lookups",
-) -> None:
+    inline: bool = False,
+) -> str | None:
     """Call the handler with the step held by `lease`, and record what it says.
 
-    The handler's database writes and the record of its outcome commit together: if the
-    worker dies, or loses its lease to the sweeper, before that commit, none of its writes
-    stay (a Puppet run is created once), and the step is started again. Work outside the
-    database (a Slack post) may then be done twice."""
+    The handler's database writes, the record of its outcome and the run's advance (its
+    successors marked, their starts sent once it commits, the run completed) commit
+    together, one transaction: if the worker dies, or loses its lease to the sweeper,
+    before that commit, none of its writes stay (a Puppet run is created once), and the
+    step is started again. Work outside the database (a Slack post) may then be done twice.
+    Returns the step to start in line (advance's `inline`)."""
     handler = registry.handler_for(step.image)
     if handler is None:  # not runnable any more (this worker's settings differ)
         _end(step, run, lease, StepStatus.FAILURE, unknown_image_message(step.image))
-        return
+        return None
+    following = None
     try:
         ctx = _context(step, run, data, lookups)
         with transaction.atomic():
             outcome = handler.start(ctx) if phase == "start" else handler.check(ctx)
             if not _record(step, lease, outcome):
                 raise _LeaseLost
+            if isinstance(outcome, Done):
+                following = _advance(run.pk, False, inline)
     except _Undecidable as exc:
         _end(step, run, lease, StepStatus.FAILURE, _reason(str(exc)))
-        return
+        return None
     except _LeaseLost:
         log.info("workflow step %s: lease lost during %s; its outcome is dropped", step.pk, phase)
-        return
+        return None
     except Exception as exc:
         # The worker could not do its job (database, Vault, a bug): try again later, a
         # bounded number of times (resume_step gives up).
@@ -520,11 +582,12 @@ def _work(
         log.warning("workflow step %s: %s failed (attempt %d)", step.pk, phase, step.attempts, exc_info=True)
         if step.release(lease, f"Attempt {step.attempts} failed: {type(exc).__name__}: {exc}", retry_after):
             _queue(tasks.resume_step, step.pk, countdown=retry_after)
-        return
+        return None
     if isinstance(outcome, Done):
-        advance(run.pk)
-    elif step.take_wake() or WorkflowRun.objects.filter(pk=run.pk, cancel_requested=True).exists():
+        return following
+    if step.take_wake() or WorkflowRun.objects.filter(pk=run.pk, cancel_requested=True).exists():
         _queue(tasks.resume_step, step.pk)
+    return None
 
 
 class _LeaseLost(Exception):

@@ -643,7 +643,7 @@ class StepRun(models.Model):
             recheck_at=None,
         )
         if won:
-            self.refresh_from_db(fields=["outputs"])
+            del self.outputs  # merged in the database: read again if asked for (deferred)
         return won
 
     def record_wait(
@@ -667,7 +667,7 @@ class StepRun(models.Model):
             attempts=0,
         )
         if won:
-            self.refresh_from_db(fields=["outputs"])
+            del self.outputs  # merged in the database: read again if asked for (deferred)
         return won
 
     # The step runtime API (stepruntime): the running step itself writes these, so they merge

@@ -30,12 +30,12 @@ def advance_run(run_id: str, requeue: bool = False) -> None:
 
 @shared_task(**STEP_TASK)
 def start_step(step_id: str) -> None:
-    engine.start_step(step_id)
+    engine.follow(engine.start_step, step_id)
 
 
 @shared_task(**STEP_TASK)
 def resume_step(step_id: str) -> None:
-    engine.resume_step(step_id)
+    engine.follow(engine.resume_step, step_id)
 
 
 @shared_task(**RETRY)
