@@ -133,8 +133,13 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # `make run`'s default, shared by the web, engine and steps processes: a transaction that
     # read and then writes cannot take SQLite's write lock while another process holds it
     # ("database is locked" at once, not after the timeout: a step's credential was lost so).
-    # IMMEDIATE takes the lock at BEGIN, and waits up to `timeout` seconds for it.
-    DATABASES["default"].setdefault("OPTIONS", {}).update({"transaction_mode": "IMMEDIATE", "timeout": 20})
+    # IMMEDIATE takes the lock at BEGIN, and waits up to `timeout` seconds for it. WAL lets
+    # readers and the one writer go on together: in the default rollback journal a commit
+    # waits until no process reads, and a reader until no process commits, so a burst's reads
+    # (the runs list, the engine's) held every write back (README "Configuration", figures).
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {"transaction_mode": "IMMEDIATE", "timeout": 20, "init_command": "PRAGMA journal_mode=WAL"}
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
