@@ -4,11 +4,13 @@ waiting forever), and other images with a container runtime configured (the dock
 no engine to talk to: what can be checked here)."""
 
 import shutil
+import time
 from datetime import UTC, datetime
 
 import pytest
 import redis
 from django.conf import settings
+from django.db import connection, transaction
 
 from scriptsteps import cgroups, container, sandbox
 from scriptsteps.models import ScriptRun
@@ -73,6 +75,33 @@ def test_a_worker_killed_mid_script_takes_its_sandbox_along_and_the_step_fails_s
     assert left and all(not (path / "tasks").read_text() for path in left)
     assert cgroups.remove_stale(settings.STEP_CGROUP_PARENT, older_than=0) >= 3 * len(left)
     assert not list((cgroups.ROOT / "pids" / settings.STEP_CGROUP_PARENT).glob("step-*"))
+
+
+def test_a_script_whose_writes_meet_a_busy_database_keeps_its_log_and_its_end(start_workers, owner):
+    """What `make run`'s SQLite does to a writer in a burst (it waits, then gives up with
+    "database is locked"), made here with PostgreSQL: the workers give up on a lock after
+    0.2 s, and the log's table is locked for longer, twice. Before, the write's error ended
+    the step ("The sandbox failed") or left it to be declared lost."""
+    db = connection.settings_dict
+    url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}?options=-c%20lock_timeout%3D200"
+    start_workers(DATABASE_URL=url)
+    lines = [f"line {i}" for i in range(1, 41)]
+    source = (
+        "apiVersion: v1\nsteps:\n- name: talk\n  image: relaysh/core\n  input:\n"
+        "  - for i in $(seq 1 40); do echo line $i; sleep 0.1; done\n"
+    )
+    run = run_of(owner, source)
+    wait_until(lambda: "line 1\n" in log_of(run, "talk"), 60)
+    for _ in range(2):
+        with transaction.atomic(), connection.cursor() as cursor:
+            # Inserts (a log's next chunk) wait, and give up after 0.2 s.
+            cursor.execute("LOCK TABLE scriptsteps_logchunk IN SHARE MODE")
+            time.sleep(1.5)
+        time.sleep(0.3)
+    run = finished(run, 60)
+    step = run.steps.get(name="talk")
+    assert (step.status, step.message) == ("success", "")
+    assert log_of(run, "talk") == "".join(f"{line}\n" for line in lines)
 
 
 def test_other_images_go_to_the_configured_container_runtime(start_workers, owner):
