@@ -84,7 +84,7 @@ def test_a_script_whose_writes_meet_a_busy_database_keeps_its_log_and_its_end(st
     the step ("The sandbox failed") or left it to be declared lost."""
     db = connection.settings_dict
     url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}?options=-c%20lock_timeout%3D200"
-    start_workers(DATABASE_URL=url)
+    _, steps_worker = start_workers(DATABASE_URL=url)
     lines = [f"line {i}" for i in range(1, 41)]
     source = (
         "apiVersion: v1\nsteps:\n- name: talk\n  image: relaysh/core\n  input:\n"
@@ -102,6 +102,9 @@ def test_a_script_whose_writes_meet_a_busy_database_keeps_its_log_and_its_end(st
     step = run.steps.get(name="talk")
     assert (step.status, step.message) == ("success", "")
     assert log_of(run, "talk") == "".join(f"{line}\n" for line in lines)
+    # It did meet the lock (and said so, as information: nothing was lost).
+    said = steps_worker.log_path.read_text()
+    assert "waited for the database" in said and "ERROR" not in said, said
 
 
 def test_other_images_go_to_the_configured_container_runtime(start_workers, owner):
