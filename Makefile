@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Tests use the local PostgreSQL; pytest-django creates and drops test_<name> itself.
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/relay
 
-.PHONY: run test lint format docs docs-serve createsuperuser manage clean system-packages
+.PHONY: run test lint format docs docs-serve createsuperuser manage clean system-packages step-packages
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,11 +26,13 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt bridge_client/pyprojec
 		--python-version 3.11 --implementation cp --target .step-python -r requirements-steps.txt
 	touch $@
 
-run: $(VENV)/.installed .step-python/.installed
+run: $(VENV)/.installed .step-python/.installed step-packages
 	$(BIN)/python -m relay.embedded
 
+# Prompts on a terminal; without one (a script, CI) it takes DJANGO_SUPERUSER_USERNAME,
+# DJANGO_SUPERUSER_PASSWORD and DJANGO_SUPERUSER_EMAIL.
 createsuperuser: $(VENV)/.installed
-	$(BIN)/python -m relay.embedded manage createsuperuser
+	$(BIN)/python -m relay.embedded createsuperuser
 
 # make manage ARGS="create_user_token alice"  (prints a new API token on its last line)
 manage: $(VENV)/.installed
@@ -39,6 +41,11 @@ manage: $(VENV)/.installed
 # Debian's puppet-agent, puppetserver, openssh-server, bubblewrap, jq: the tests run them for real.
 system-packages:
 	scripts/install-system-packages
+
+# What script steps need (bubblewrap, socat, jq, curl, python3): installed as root or with
+# passwordless sudo, otherwise one line says how; `make run` starts either way.
+step-packages:
+	scripts/install-system-packages steps
 
 test: $(VENV)/.installed system-packages .step-python/.installed
 	$(BIN)/ruff check .

@@ -240,6 +240,28 @@ def manage(args: list[str]) -> int:
     return subprocess.run([sys.executable, str(BASE_DIR / "manage.py"), *args], env=env).returncode
 
 
+SUPERUSER_ENV = ("DJANGO_SUPERUSER_USERNAME", "DJANGO_SUPERUSER_EMAIL", "DJANGO_SUPERUSER_PASSWORD")
+
+
+def createsuperuser(args: list[str]) -> int:
+    """`make createsuperuser`: from DJANGO_SUPERUSER_* when they are set, else by asking on
+    the terminal; with neither, one line says what to set (Django's own command would print
+    that it skipped and exit 0, which a script takes for success)."""
+    given = [name for name in SUPERUSER_ENV if os.environ.get(name)]
+    if len(given) == len(SUPERUSER_ENV):
+        return manage(["createsuperuser", "--noinput", *args])
+    if sys.stdin.isatty() and not given:
+        return manage(["createsuperuser", *args])
+    missing = ", ".join(name for name in SUPERUSER_ENV if name not in given)
+    print(
+        f"make createsuperuser: no terminal to ask on; set {missing} (README, make run)"
+        if not given
+        else f"make createsuperuser: {missing} not set (it takes all three, or none on a terminal)",
+        file=sys.stderr,
+    )
+    return 2
+
+
 def main() -> int:
     env = base_env()
     stack = Stack()
@@ -319,4 +341,6 @@ def main() -> int:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["manage"]:
         sys.exit(manage(sys.argv[2:]))
+    if sys.argv[1:2] == ["createsuperuser"]:
+        sys.exit(createsuperuser(sys.argv[2:]))
     sys.exit(main())

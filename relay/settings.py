@@ -134,8 +134,13 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # `make run`'s default, shared by the web, engine and steps processes: a transaction that
     # read and then writes cannot take SQLite's write lock while another process holds it
     # ("database is locked" at once, not after the timeout: a step's credential was lost so).
-    # IMMEDIATE takes the lock at BEGIN, and waits up to `timeout` seconds for it.
-    DATABASES["default"].setdefault("OPTIONS", {}).update({"transaction_mode": "IMMEDIATE", "timeout": 20})
+    # IMMEDIATE takes the lock at BEGIN, and waits up to `timeout` seconds for it. WAL lets
+    # readers and the one writer go on together: in the default rollback journal a commit
+    # waits until no process reads, and a reader until no process commits, so a burst's reads
+    # (the runs list, the engine's) held every write back (README "Configuration", figures).
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {"transaction_mode": "IMMEDIATE", "timeout": 20, "init_command": "PRAGMA journal_mode=WAL"}
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -260,6 +265,10 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "store_processed": False,
         # kombu puts the pidbox exchange files in ./control unless told otherwise.
         "control_folder": str(_queue_dir / "control"),
+        # How long a worker that found its queues empty waits before it looks again (kombu's
+        # default, 1 s, is a wait at every hop of a run when no Redis answers: a burst of 100
+        # runs took minutes). A look lists one directory.
+        "polling_interval": 0.1,
     }
 elif RELAY_DEPLOYMENT_ID:
     # Every key (queues, unacked messages, bindings, control channels) under the deployment's

@@ -17,12 +17,12 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
-from django.db import transaction
+from django.db import OperationalError, transaction
 from django.utils import timezone
 
 from scriptsteps import container, network, sandbox, tasks
@@ -41,6 +41,7 @@ WAKE = "script"
 MAX_REQUEUES = 2
 ADMIN_TAIL = 20000  # characters of a log the admin's run page starts with
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+T = TypeVar("T")
 
 
 # The program a step runs ------------------------------------------------------------------
@@ -181,7 +182,22 @@ def execute(step_run_id: str) -> None:
     try:
         _execute(script, worker)
     finally:
-        engine.wake(WAKE, str(step_run_id))
+        written(lambda: engine.wake(WAKE, str(step_run_id)), f"the wake of step {step_run_id}")
+
+
+def written(write: Callable[[], T], what: str) -> T:
+    """`write`, tried again while the database is busy (`make run`'s SQLite, whose one writer
+    at a time may keep another waiting past its timeout in a burst) for up to STEP_LOST_AFTER
+    seconds: what a script did is not lost to a moment's contention."""
+    deadline = time.monotonic() + settings.STEP_LOST_AFTER
+    while True:
+        try:
+            return write()
+        except OperationalError:
+            if time.monotonic() >= deadline:
+                raise
+            log.info("%s waited for the database; trying again", what)
+            time.sleep(0.25)
 
 
 def _execute(script: ScriptRun, worker: uuid.UUID) -> None:
@@ -222,7 +238,10 @@ def _execute(script: ScriptRun, worker: uuid.UUID) -> None:
     first_ms = (first - result.spawned_at) * 1000 if first is not None else None
     reason = writer.stopped or result.reason
     system_error = result.system_error and not writer.stopped
-    if not script.finish(worker, result.exit_code, reason, first_ms, system_error):
+    if not written(
+        lambda: script.finish(worker, result.exit_code, reason, first_ms, system_error),
+        f"the end of {script}",
+    ):
         log.info("script of step %s ended after it was declared lost", script.pk)
     log.info(
         "script of step %s exited %s in %.2fs%s",
@@ -257,6 +276,8 @@ class LogWriter:
         self.run_id = run_id
         self.seen: dict[Any, Any] = {}  # StepRun.sensitive_values' memory
         self.pending: list[str] = []
+        self.unstored = ""  # masked, not yet stored: the database was busy
+        self.flushed = False
         self.last_beat = time.monotonic()
         self.stopped = ""
 
@@ -269,8 +290,15 @@ class LogWriter:
     def tick(self) -> str | None:
         self._store()
         if time.monotonic() - self.last_beat >= settings.STEP_HEARTBEAT:
+            try:
+                ours = self.script.heartbeat(self.worker)
+            except OperationalError:
+                # The database is busy: the next tick (a quarter of a second) beats again,
+                # long before STEP_LOST_AFTER.
+                log.info("the heartbeat of %s waited for the database; trying again", self.script)
+                return None
             self.last_beat = time.monotonic()
-            if not self.script.heartbeat(self.worker):
+            if not ours:
                 self.script.refresh_from_db(fields=["status", "cancel_requested"])
                 self.stopped = (
                     "Cancelled with the run."
@@ -282,18 +310,33 @@ class LogWriter:
 
     def close(self) -> None:
         self.pending.append(self.decoder.decode(b"", final=True))
-        self._store(final=True)
+        written(lambda: self._store(final=True), f"the log of {self.script}")
 
     def _store(self, final: bool = False) -> None:
+        """The output so far, masked, appended to the stored log. While the database is busy
+        it waits here, masked, for the next tick (nothing of it is lost or masked twice);
+        with `final`, the caller tries again."""
+        try:
+            self._mask(final)
+            if self.unstored:
+                self.script.append_log(self.unstored)
+                self.unstored = ""
+        except OperationalError:
+            if final:
+                raise
+            log.info("the log of %s waited for the database; stored at the next tick", self.script)
+
+    def _mask(self, final: bool) -> None:
         text = "".join(self.pending)
-        self.pending = []
         if text and self.run_id:
             sensitive = StepRun.sensitive_values(self.run_id, self.seen)
             self.masker.add(s for value in sensitive for s in strings_in(value))
+        self.pending = []
         text = self.masker.feed(text)
-        if final:
+        if final and not self.flushed:
             text += self.masker.flush()
-        self.script.append_log(text)
+            self.flushed = True
+        self.unstored += text
 
 
 def read_log(step: StepRun, offset: int, limit: int) -> Mapping[str, Any]:

@@ -7,6 +7,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 from django.conf import settings
+from django.db import connection, transaction
 
 from scriptsteps import cgroups, container, sandbox
 from scriptsteps.models import ScriptRun
@@ -151,6 +153,36 @@ def test_a_steps_worker_starting_removes_what_dead_workers_left_and_nothing_of_l
         assert finished(second, timeout=60).outcome == "success"
     finally:
         live.stop()
+
+
+def test_a_script_whose_writes_meet_a_busy_database_keeps_its_log_and_its_end(start_workers, owner):
+    """What `make run`'s SQLite does to a writer in a burst (it waits, then gives up with
+    "database is locked"), made here with PostgreSQL: the workers give up on a lock after
+    0.2 s, and the log's table is locked for longer, twice. Before, the write's error ended
+    the step ("The sandbox failed") or left it to be declared lost."""
+    db = connection.settings_dict
+    url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}?options=-c%20lock_timeout%3D200"
+    _, steps_worker = start_workers(DATABASE_URL=url)
+    lines = [f"line {i}" for i in range(1, 41)]
+    source = (
+        "apiVersion: v1\nsteps:\n- name: talk\n  image: relaysh/core\n  input:\n"
+        "  - for i in $(seq 1 40); do echo line $i; sleep 0.1; done\n"
+    )
+    run = run_of(owner, source)
+    wait_until(lambda: "line 1\n" in log_of(run, "talk"), 60)
+    for _ in range(2):
+        with transaction.atomic(), connection.cursor() as cursor:
+            # Inserts (a log's next chunk) wait, and give up after 0.2 s.
+            cursor.execute("LOCK TABLE scriptsteps_logchunk IN SHARE MODE")
+            time.sleep(1.5)
+        time.sleep(0.3)
+    run = finished(run, 60)
+    step = run.steps.get(name="talk")
+    assert (step.status, step.message) == ("success", "")
+    assert log_of(run, "talk") == "".join(f"{line}\n" for line in lines)
+    # It did meet the lock (and said so, as information: nothing was lost).
+    said = steps_worker.log_path.read_text()
+    assert "waited for the database" in said and "ERROR" not in said, said
 
 
 def test_other_images_go_to_the_configured_container_runtime(start_workers, owner):
