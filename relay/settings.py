@@ -344,6 +344,10 @@ else:
 RUN_MAX_HEARTBEAT_INTERVAL = env.int("RUN_MAX_HEARTBEAT_INTERVAL", default=3600)
 RUN_HEARTBEAT_GRACE = env.int("RUN_HEARTBEAT_GRACE", default=60)
 RUN_ACCEPTED_TIMEOUT = env.int("RUN_ACCEPTED_TIMEOUT", default=300)
+# An accepted run not started whose bridge has said nothing this long is listed `pending` again
+# to the shipped Ruby agent, which takes it back when restarted (runs.models.offered). Twice
+# the agent's own promise (3 x 15 s), so a live agent is never offered a run it is starting.
+RUN_REOFFER_AFTER = env.int("RUN_REOFFER_AFTER", default=90)
 RUN_PENDING_TIMEOUT = env.int("RUN_PENDING_TIMEOUT", default=3600)
 RUN_MAX_NODES = env.int("RUN_MAX_NODES", default=10000)
 RUN_RESULTS_MAX_BYTES = env.int("RUN_RESULTS_MAX_BYTES", default=1024 * 1024)  # larger: stored

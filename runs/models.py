@@ -68,6 +68,20 @@ class RunType(models.TextChoices):
 OLD_TASK_RUNS = models.Q(type=RunType.TASK_RUN, scope={})
 
 
+def offered(now: datetime, to_our_bridge: bool) -> models.Q:
+    """The runs `GET _puppet/runs` offers as `pending`: those nobody holds. To a client that is
+    not our bridge (the shipped Ruby agent) also an accepted run not started whose bridge has
+    said nothing for RUN_REOFFER_AFTER seconds: the agent takes such a run back by its stamp
+    file, with no second accept, when it was restarted (it exits on any error listing runs,
+    and its unit starts it again); a live agent PUTs every 15 s while it starts a run, so it
+    is never offered one it is still starting. Our bridge finds its runs in its state_dir."""
+    nobody = models.Q(status=Status.PENDING)
+    if to_our_bridge:
+        return nobody
+    silent = now - timedelta(seconds=settings.RUN_REOFFER_AFTER)
+    return nobody | models.Q(status=Status.ACCEPTED, updated_at__lt=silent)
+
+
 class Conflict(Exception):
     """The request does not fit the run's current state; the message says why."""
 
@@ -132,7 +146,6 @@ class Run(models.Model):
             "id": str(self.id),
             "type": self.type,
             "state": self.state,
-            "environment": self.environment or None,
             "noop": self.noop,
             "no_noop": self.no_noop,
             "debug": self.debug,
@@ -140,6 +153,10 @@ class Run(models.Model):
             "evaltrace": self.evaltrace,
             "created_at": _iso(self.created_at),
         }
+        if self.environment:
+            # Left out when there is none, not null: the shipped agent then takes its own
+            # Puppet[:environment], where a null became `--environment ''` on its Bolt backend.
+            doc["environment"] = self.environment
         if self.type == RunType.RUN:
             doc["scope"] = self.scope
         else:

@@ -179,6 +179,18 @@ def test_the_orchestrator_takes_everything_with_an_environment(connection):
     created(client, task)
 
 
+def test_on_pe_task_and_plan_runs_may_leave_the_environment_to_the_orchestrator(connection):
+    # PE's command/task and command/plan_run default to production, and the published
+    # task-run-start and plan-run-start send `environment: null` when their spec has none.
+    conn, token = connection
+    set_up(conn, platform="pe", backend="orchestrator")
+    client = bridge(token)
+    task = created(client, {"type": "task-run", "name": "package", "scope": NODES, "environment": None})
+    plan = created(client, {"type": "plan-run", "name": "deploy", "environment": None})
+    assert "environment" not in task and "environment" not in plan
+    assert "run an environment" in refused(client, {"scope": NODES, "environment": None}, "#/environment")
+
+
 def test_pe_with_bolt_needs_an_environment_and_bolt_s_scopes(connection):
     conn, token = connection
     set_up(conn, platform="pe", backend="bolt")

@@ -179,3 +179,53 @@ def test_the_model_keeps_only_pending_runs_and_drops_unknown_types(tmp_path):
         ("PlanRun", "r3", "pending"),
     ]
     assert listed[1].fields["environment"] == "production"  # Puppet[:environment]
+
+
+def test_an_agent_restarted_while_it_starts_a_run_takes_it_back_by_its_stamp(
+    live_server, token, pe, tmp_path, settings
+):
+    """The agent exits on any error listing runs (a 502 during a deploy of the service), and
+    its unit starts it again. An accepted run whose bridge has been silent for
+    RUN_REOFFER_AFTER is listed `pending` to it again, and it takes the run back by its stamp
+    file, with no second accept; a live agent, which PUTs at every tick, is never offered one
+    (the slow-start test above runs with the default, 90 s). Our own bridge is never offered
+    such a run: it knows its runs from its state_dir."""
+    settings.RUN_REOFFER_AFTER = 1
+    pe.fail_next = [503]  # the first agent dies while its run is accepted, not started
+    pe.script = ["running", "finished"]
+    [run_id] = create_runs(live_server.url, token, 1)
+    backend = Orchestrator(OrchestratorAPI(pe.url, pe.token, pe.ca))
+    first = Agent(live_server.url, token, backend, tmp_path / "relay", speed=SPEED)
+    thread = first.start()
+    try:
+        assert wait_until(lambda: any(body["status"] == "pending" for _, body, _ in first.api.puts), 10)
+    finally:
+        first.stopping.set()
+        thread.join(10)
+    assert Run.objects.get(pk=run_id).status == Status.ACCEPTED
+    listed = session_list(live_server.url, token)
+    assert listed == []  # silent for less than RUN_REOFFER_AFTER: nobody is offered it
+    time.sleep(1.2)
+    assert [r["id"] for r in session_list(live_server.url, token)] == [run_id]
+    assert session_list(live_server.url, token, **{"X-Relay-Backend": "orchestrator"}) == []
+
+    second = Agent(live_server.url, token, backend, tmp_path / "relay", speed=SPEED)
+    thread = second.start()
+    try:
+        assert wait_until(lambda: Run.objects.get(pk=run_id).status == Status.COMPLETE, 15)
+    finally:
+        second.stopping.set()
+        thread.join(10)
+    assert second.exited is None, repr(second.exited)
+    assert second.api.accepts[run_id] == 0  # its stamp file said it had accepted it
+    assert second.jobs_started[run_id] == 1 and second.completed[run_id] == 1
+    assert Run.objects.get(pk=run_id).outcome == "finished"
+    assert RunTransition.objects.filter(run_id=run_id, to_status=Status.ACCEPTED).count() == 1
+
+
+def session_list(url: str, token: str, **headers: str) -> list[dict]:
+    answer = requests.get(
+        f"{url}/_puppet/runs", headers={"Authorization": f"Bearer {token}", **headers}, timeout=10
+    )
+    assert answer.status_code == 200, answer.text
+    return answer.json()["runs"]

@@ -243,7 +243,9 @@ def check_against_connection(attrs: dict[str, Any], connection: PuppetConnection
     settings existed, by what the bridge reported: its platform, and, on open source
     Puppet, whether its backend is Bolt (which also runs tasks).
 
-    Puppet Enterprise needs an environment (the orchestrator's deploy does). By backend:
+    Puppet Enterprise needs an environment for a run (the orchestrator's deploy does); its
+    task and plan commands default to `production`, and the published task-run-start and
+    plan-run-start send none when their spec has none, so those may leave it out. By backend:
     the orchestrator runs everything; Bolt runs runs and task runs on a list of nodes (scope
     `nodes`), and no plans (the bridge's Bolt backend runs none); SSH runs only runs on a
     list of nodes. Open source Puppet with no backend set or reported: as SSH (what every
@@ -251,8 +253,8 @@ def check_against_connection(attrs: dict[str, Any], connection: PuppetConnection
     errors: dict[str, str] = {}
     kind, scope = attrs["type"], attrs.get("scope")
     platform, backend = connection.platform_for_runs, connection.backend
-    if platform == Platform.PE and not attrs.get("environment"):
-        errors["environment"] = "This connection runs Puppet Enterprise: give an environment."
+    if platform == Platform.PE and kind == RunType.RUN and not attrs.get("environment"):
+        errors["environment"] = "This connection runs Puppet Enterprise: give a run an environment."
     if backend:
         why = f"This connection's backend is {Backend(backend).label}"
     elif platform == Platform.OSS:

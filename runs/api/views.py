@@ -3,6 +3,7 @@ import uuid
 from django.conf import settings
 from django.db.models import QuerySet
 from django.http import FileResponse
+from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import exceptions, status
@@ -17,7 +18,7 @@ from relay.api.params import query_int
 from relay.api.parsers import BoundedJSONParser
 from runs import results
 from runs.api.serializers import AcceptSerializer, RunCreateSerializer, StateSerializer
-from runs.models import OLD_TASK_RUNS, OPEN_STATES, Conflict, Run, Status
+from runs.models import OLD_TASK_RUNS, OPEN_STATES, Conflict, Run, Status, offered
 from runs.notify import wait_for_runs
 
 
@@ -99,8 +100,12 @@ class RunViewSet(GenericViewSet):
         wanted = request.query_params.get("status", Status.PENDING)
         if wanted not in OPEN_STATES:
             raise exceptions.ValidationError({"status": [f"One of {', '.join(OPEN_STATES)}."]})
-        runs = self.get_queryset().filter(status=wanted)
-        if not from_our_bridge(request):
+        ours = from_our_bridge(request)
+        if wanted == Status.PENDING:
+            runs = self.get_queryset().filter(offered(timezone.now(), to_our_bridge=ours))
+        else:
+            runs = self.get_queryset().filter(status=wanted)
+        if not ours:
             runs = runs.exclude(OLD_TASK_RUNS)
         wait = _wait_seconds(request)
         self.paginator.get_page_size(request)  # a bad limit is a 400 before any wait

@@ -215,7 +215,10 @@ class Orchestrator:
     def _new_job(self, command: str, body: dict[str, Any], nodes: list[str]) -> Job:
         name = str(self._next_job)
         self._next_job += 1
-        job = Job(name, command, body, nodes, list(self.script), dict(self.node_states))
+        script = list(self.script)
+        if command == "plan_run":  # a plan job ends in PE's plan-job states
+            script = [{"finished": "success", "failed": "failure"}.get(state, state) for state in script]
+        job = Job(name, command, body, nodes, script, dict(self.node_states))
         self.jobs[name] = job
         return job
 
