@@ -16,6 +16,7 @@ from relay.models import UserToken
 from relay.server import ThreadedServer
 from tests.bao import BaoDevServer
 from tests.bridge_helpers import Service
+from tests.puppetdb import PuppetDB
 from tests.puppetserver import PuppetServer
 from tests.script_helpers import EngineWorker, StandIn, running_script_workers
 from tests.sshd import Sshd
@@ -74,6 +75,28 @@ def puppetserver(tmp_path_factory) -> Iterator[PuppetServer]:
     server = PuppetServer(tmp_path_factory.mktemp("puppetserver")).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def puppetdb(puppetserver: PuppetServer, tmp_path_factory) -> Iterator[PuppetDB]:
+    """Debian's PuppetDB, started once for the session after the puppetserver (it serves TLS
+    with that server's certificate and CA), on a PostgreSQL database of its own. Tests keep
+    out of each other's way by certname (each names its nodes with a prefix of its own)."""
+    server = PuppetDB(
+        tmp_path_factory.mktemp("puppetdb"),
+        puppetserver.server_dir / "ssl",
+        "localhost",
+        _database_url(),
+    ).start()
+    yield server
+    server.stop()
+
+
+def _database_url() -> str:
+    db = settings.DATABASES["default"]
+    user, password = db.get("USER") or "postgres", db.get("PASSWORD") or ""
+    host, port = db.get("HOST") or "127.0.0.1", db.get("PORT") or 5432
+    return f"postgresql://{user}:{password}@{host}:{port}/{db['NAME']}"
 
 
 @pytest.fixture(scope="session", autouse=True)
