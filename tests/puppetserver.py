@@ -107,6 +107,8 @@ class PuppetServer:
 }}
 http-client: {{}}
 profiler: {{}}
+# The admin API's jruby-pool flush (use_puppetdb): for this server's own certificate only.
+puppet-admin: {{ client-whitelist: [localhost] }}
 """
         )
         (s / "code" / "environments" / "production" / "manifests").mkdir(parents=True)
@@ -186,6 +188,36 @@ color = false
                 self.process.kill()
                 self.process.wait()
         self.reports.close()
+
+    def use_puppetdb(self, ssl_url: str) -> None:
+        """Send facts, catalogs and reports to the PuppetDB at `ssl_url` as well (Debian's
+        puppet-terminus-puppetdb: storeconfigs, `reports = puppetdb,http`, routes.yaml for
+        facts), then flush the JRuby pool (the admin API), whose new instance reads them.
+        For the rest of the session: PuppetDB outlives this server's users."""
+        s = self.server_dir
+        (s / "puppetdb.conf").write_text(f"[main]\nserver_urls = {ssl_url}\nsoft_write_failure = false\n")
+        (s / "routes.yaml").write_text("server:\n  facts:\n    terminus: puppetdb\n    cache: yaml\n")
+        conf = (s / "puppet.conf").read_text()
+        if "storeconfigs" not in conf:
+            conf = conf.replace("reports = http\n", "reports = puppetdb,http\nstoreconfigs = true\n")
+            (s / "puppet.conf").write_text(conf + "storeconfigs_backend = puppetdb\n")
+        ssl = s / "ssl"
+        flushed = requests.delete(
+            f"https://localhost:{self.port}/puppet-admin-api/v1/jruby-pool",
+            cert=(str(ssl / "certs" / "localhost.pem"), str(ssl / "private_keys" / "localhost.pem")),
+            verify=str(ssl / "certs" / "ca.pem"),
+            timeout=60,
+        )
+        flushed.raise_for_status()
+
+    def agent_run(self, *flags: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        """`puppet agent -t` on this host as this server's node."""
+        return subprocess.run(
+            ["puppet", "agent", "-t", f"--confdir={self.agent_dir}", *flags],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def manifest(self, text: str) -> None:
         (self.server_dir / "code" / "environments" / "production" / "manifests" / "site.pp").write_text(text)

@@ -188,3 +188,22 @@ def test_bolt_runs_a_task_on_the_nodes_a_query_names(oss, puppetdb, tmp_path, mo
     assert done.run_results["query"]["nodes"] == ["bolt-0", "bolt-1"]
     [call] = [json.loads(line) for line in log.read_text().splitlines()]
     assert call["argv"][:5] == ["task", "run", "package", "--targets", "bolt-0,bolt-1"]
+
+
+def test_a_certname_from_puppetdb_that_is_no_certname_runs_nothing(oss, sshd, puppetdb, tmp_path):
+    """PuppetDB stores what its submitters name; the bridge passes nothing to ssh or Bolt
+    that is not a certname by the service's rule (never an option, path or URI)."""
+    fleet(puppetdb, "odd", ["Debian"])
+    puppetdb.replace_facts("-oProxyCommand=touch odd", {"os": {"family": "Debian"}, "fleet": "odd"})
+    calls = tmp_path / "calls"
+    config = bridge_config(tmp_path, oss, sshd, {"odd-0": {"FAKE_PUPPET_LOG": str(calls)}})
+    with_puppetdb(config, puppetdb_url=puppetdb.url)
+    run_id = oss.client.create_run({"scope": {"query": DEBIAN % "odd"}})["id"]
+    relay_bridge(config, "poll", "--once", log=tmp_path / "bridge.log").wait(10)
+    run = completed(run_id)
+    assert run.outcome == "error"
+    assert (
+        "a node, from PuppetDB, that is not a valid certname: '-oProxyCommand"
+        in run.run_results["result"]["msg"]
+    )
+    assert not calls.exists()

@@ -69,3 +69,31 @@ def test_puppetdb_down_is_an_error(fleet: list[str]) -> None:
 
     with pytest.raises(PuppetDBError, match="could not be reached"):
         Client(f"http://127.0.0.1:{free_port()}", timeout=5).certnames("nodes[certname] {}")
+
+
+def test_a_real_agent_run_through_puppetserver_feeds_puppetdb(
+    puppetserver, puppetdb: PuppetDB, tmp_path
+) -> None:
+    """puppet agent -t through the session's puppetserver with the PuppetDB terminus: the
+    node's facts, catalog and report land in PuppetDB, where the bridge's client finds them."""
+    puppetserver.use_puppetdb(puppetdb.ssl_url)
+    target = tmp_path / "motd"
+    puppetserver.manifest(f"node default {{ file {{ '{target}': content => 'from puppet' }} }}")
+    try:
+        done = puppetserver.agent_run()
+    finally:
+        puppetserver.manifest("node default { }")
+    assert done.returncode == 2, done.stdout + done.stderr  # changes applied
+    certname = puppetserver.certname()
+    client = Client(puppetdb.url)
+    assert client.certnames(
+        f'inventory[certname] {{ certname = "{certname}" and facts.kernel = "Linux" }}'
+    ) == [certname]
+    [node] = client.query(["=", "certname", certname], "nodes")
+    assert node["report_timestamp"] and node["catalog_timestamp"] and node["facts_timestamp"]
+    assert node["latest_report_status"] == "changed"
+    [event] = client.query(
+        ["and", ["=", "certname", certname], ["=", "resource_type", "File"], ["=", "latest_report?", True]],
+        "events",
+    )
+    assert (event["resource_title"], event["status"]) == (str(target), "success")

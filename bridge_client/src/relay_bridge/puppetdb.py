@@ -174,7 +174,10 @@ class QueryScoped:
             raise RunError(str(exc), query=query) from None
         if not nodes:
             raise RunError("The query matched no nodes.", query=query)
-        nodes = check_certnames(nodes)
+        try:
+            nodes = check_certnames(nodes, "node, from PuppetDB,")
+        except RunError as exc:
+            raise RunError(str(exc), query=query) from None
         resolved = {
             "query": query,
             "nodes": nodes,
