@@ -207,3 +207,37 @@ def test_a_certname_from_puppetdb_that_is_no_certname_runs_nothing(oss, sshd, pu
         in run.run_results["result"]["msg"]
     )
     assert not calls.exists()
+
+
+def test_a_killed_bridge_resumes_a_query_run_on_the_nodes_it_resolved(oss, sshd, puppetdb, tmp_path):
+    """The resolution is kept with the run's work on disk: a restarted bridge re-attaches to
+    the nodes the query named then (not a new answer from PuppetDB), and says so."""
+    import signal
+
+    from tests.bridge_helpers import in_progress, serve, wait_for
+
+    nodes = fleet(puppetdb, "resume", ["Debian"])
+    calls = tmp_path / "calls"
+    slow = {"FAKE_PUPPET_SLEEP": "3", "FAKE_PUPPET_LOG": str(calls)}
+    config = bridge_config(tmp_path, oss, sshd, {nodes[0]: slow, "resume-late": slow}, heartbeat=0.3)
+    with_puppetdb(config, puppetdb_url=puppetdb.url)
+    log = tmp_path / "bridge.log"
+    server = serve(config, log)
+    query = DEBIAN % "resume"
+    run_id = oss.client.create_run({"scope": {"query": query}})["id"]
+    in_progress(run_id)
+    wait_for(lambda: calls.exists() and "start" in calls.read_text())
+    server.send_signal(signal.SIGKILL)
+    server.wait(10)
+    # A node that PuppetDB learns of meanwhile is not this run's.
+    puppetdb.replace_facts("resume-late", {"os": {"family": "Debian"}, "fleet": "resume"})
+
+    server = serve(config, log)
+    try:
+        run = completed(run_id)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(30)
+    assert run.outcome == "finished", run.run_results
+    assert run.run_results["query"]["nodes"] == ["resume-0"]
+    assert ran_on(calls) == ["resume-0"]
