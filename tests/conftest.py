@@ -14,7 +14,7 @@ from puppet_connection.models import PuppetConnection
 from relay import vault
 from relay.models import UserToken
 from relay.server import ThreadedServer
-from tests.bao import BaoDevServer
+from tests.bao import BaoDevServer, free_port
 from tests.bridge_helpers import Service
 from tests.puppetdb import PuppetDB
 from tests.puppetserver import PuppetServer
@@ -68,11 +68,15 @@ def sshd(tmp_path_factory) -> Iterator[Sshd]:
 
 
 @pytest.fixture(scope="session")
-def puppetserver(tmp_path_factory) -> Iterator[PuppetServer]:
+def puppetserver(request, tmp_path_factory) -> Iterator[PuppetServer]:
     """Debian's puppetserver, started once for the session (about a minute each start) and
     shared by the modules that run Puppet against it. Each sets its own manifest, and where
-    the server's reports go (`puppetserver.reports.send_to`)."""
-    server = PuppetServer(tmp_path_factory.mktemp("puppetserver")).start()
+    the server's reports go (`puppetserver.reports.send_to`). When a test of the session uses
+    PuppetDB, the server is told its port from the start (flushing its JRuby pool later to
+    tell it would cost 20-40 s)."""
+    wants_puppetdb = any("puppetdb" in getattr(item, "fixturenames", ()) for item in request.session.items)
+    port = free_port() if wants_puppetdb else None
+    server = PuppetServer(tmp_path_factory.mktemp("puppetserver"), puppetdb_port=port).start()
     yield server
     server.stop()
 
@@ -87,6 +91,7 @@ def puppetdb(puppetserver: PuppetServer, tmp_path_factory) -> Iterator[PuppetDB]
         puppetserver.server_dir / "ssl",
         "localhost",
         _database_url(),
+        ssl_port=puppetserver.puppetdb_port,
     ).start()
     yield server
     server.stop()

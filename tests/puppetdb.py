@@ -106,15 +106,18 @@ def compile_cache(timeout: float = 600) -> Path | None:
 
 
 class PuppetDB:
-    def __init__(self, directory: Path, ssl_dir: Path, certname: str, database_url: str) -> None:
+    def __init__(
+        self, directory: Path, ssl_dir: Path, certname: str, database_url: str, ssl_port: int | None = None
+    ) -> None:
         """`ssl_dir`: the puppetserver's (certs/ca.pem, certs/<certname>.pem,
         private_keys/<certname>.pem); `database_url`: a PostgreSQL server's URL (the
-        database in it is not used: PuppetDB gets `<that name>_puppetdb`)."""
+        database in it is not used: PuppetDB gets `<that name>_puppetdb`); `ssl_port`: the
+        port puppetserver's terminus was told (PuppetServer's `puppetdb_port`)."""
         self.dir = directory
         self.ssl_dir = ssl_dir
         self.certname = certname
         self.port = free_port()  # cleartext, 127.0.0.1 only
-        self.ssl_port = free_port()
+        self.ssl_port = ssl_port or free_port()
         server = psycopg.conninfo.conninfo_to_dict(database_url)
         self.db = f"{server.get('dbname') or 'relay'}_puppetdb"
         self.admin_url = psycopg.conninfo.make_conninfo(database_url, dbname="postgres")
