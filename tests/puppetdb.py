@@ -3,8 +3,8 @@ dir, vardir, ports and PostgreSQL database, and TLS with the session puppetserve
 certificate (so it starts after puppetserver, and the agent's terminus trusts it).
 
 As shipped, PuppetDB compiles its Clojure (and that of the Debian libraries it loads) at
-every start: 35-67 s here. The first start on a machine compiles it once into class files
-(`compile_cache`, keyed on the package's version) that later starts load instead.
+every start. The first start on a machine writes the class files it compiles into a cache
+(`cache_dir`, keyed on the package's version) that later starts load instead.
 
 Feeding it: `replace_facts` and `store_report` are PuppetDB's own commands
 (`/pdb/cmd/v1`), made synchronous with `secondsToWaitForCompletion`, for synthetic nodes;
@@ -65,44 +65,18 @@ def cache_root() -> Path:
     return Path(base) / "relay-tests"
 
 
-def compile_cache(timeout: float = 600) -> Path | None:
-    """The class files of PuppetDB's Clojure for the installed package, compiled once per
-    machine (about a minute) into a directory named for the package's version; None when
-    compiling fails (PuppetDB then compiles at start, as shipped). Built in a directory of
-    its own and renamed into place, so a half-built cache is never used."""
-    version = package_version()
-    target = cache_root() / f"puppetdb-classes-{version}"
-    if (target / ".complete").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    building = target.parent / f"{target.name}.{uuid.uuid4().hex}"
-    building.mkdir()
-    requires = " ".join(f"'{name}" for name in NAMESPACES)
-    done = subprocess.run(
-        [
-            "java",
-            "-Xmx1g",
-            f"-Dclojure.compile.path={building}",
-            "-cp",
-            f"{building}:{JAR}",
-            "clojure.main",
-            "-e",
-            f"(binding [*compile-files* true] (require {requires}))",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=building,
-    )
-    if done.returncode != 0:
-        shutil.rmtree(building, ignore_errors=True)
-        return None
-    (building / ".complete").write_text(version)
-    try:
-        building.rename(target)
-    except OSError:  # another session built it first
-        shutil.rmtree(building, ignore_errors=True)
-    return target
+def cache_dir() -> Path:
+    """Where the class files of the installed package's PuppetDB are kept (per machine)."""
+    return cache_root() / f"puppetdb-classes-{package_version()}"
+
+
+# The first start on a machine: PuppetDB's own start with the compiler writing the class files
+# of every namespace it loads (the services trapperkeeper loads too), which costs that start
+# little more than the compiling it does anyway.
+COMPILING_START = """(binding [*compile-files* true]
+  (doseq [name '[%s]] (require name))
+  (apply (resolve 'puppetlabs.puppetdb.core/-main) *command-line-args*))
+"""
 
 
 class PuppetDB:
@@ -125,7 +99,8 @@ class PuppetDB:
         self.db_user, self.db_password = server.get("user") or "postgres", server.get("password") or ""
         self.process: subprocess.Popen | None = None
         self.start_seconds = 0.0
-        self.cached = False
+        self.cached = False  # whether it started from the machine's compiled classes
+        self._building: Path | None = None  # the class files a compiling start writes
 
     @property
     def url(self) -> str:
@@ -153,8 +128,8 @@ class PuppetDB:
 
     def start(self, timeout: float = 300) -> PuppetDB:
         began = time.monotonic()
-        classes = compile_cache()
-        self.cached = classes is not None
+        cache = cache_dir()
+        self.cached = (cache / ".complete").exists()
         self.create_database()
         conf = self.dir / "conf.d"
         conf.mkdir(parents=True)
@@ -201,18 +176,27 @@ ssl-cert = {ssl}/certs/{self.certname}.pem
 ssl-ca-cert = {ssl}/certs/ca.pem
 """
         )
-        classpath = f"{classes}:{JAR}" if classes else str(JAR)
+        if self.cached:
+            classes, compiler, main = cache, [], ["-m", "puppetlabs.puppetdb.core"]
+        else:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            classes = self._building = cache.parent / f"{cache.name}.{uuid.uuid4().hex}"
+            classes.mkdir()
+            script = self.dir / "compiling-start.clj"
+            script.write_text(COMPILING_START % " ".join(NAMESPACES))
+            compiler, main = [f"-Dclojure.compile.path={classes}"], [str(script)]
+        classpath = f"{classes}:{JAR}"
         self.process = subprocess.Popen(
             [
                 "java",
                 "-Xmx512m",
                 "-Djava.security.egd=/dev/urandom",
                 "-XX:+CrashOnOutOfMemoryError",
+                *compiler,
                 "-cp",
                 classpath,
                 "clojure.main",
-                "-m",
-                "puppetlabs.puppetdb.core",
+                *main,
                 "services",
                 "--config",
                 str(conf),
@@ -233,12 +217,27 @@ ssl-ca-cert = {ssl}/certs/ca.pem
                 answer = requests.get(f"{self.url}/status/v1/services/puppetdb-status", timeout=2)
                 if answer.ok and answer.json().get("state") == "running":
                     self.start_seconds = time.monotonic() - began
+                    self._keep_classes(cache)
                     return self
             except (requests.RequestException, ValueError):
                 pass
             time.sleep(0.5)
         self.stop()
         raise RuntimeError("puppetdb did not start in time")
+
+    def _keep_classes(self, cache: Path) -> None:
+        """After a compiling start: a copy of its class files becomes the machine's cache,
+        renamed into place whole (a half-written cache is never used; a session that got
+        there first wins). The running PuppetDB keeps its own until it stops."""
+        if not self._building:
+            return
+        staging = cache.parent / f"{cache.name}.{uuid.uuid4().hex}.copy"
+        shutil.copytree(self._building, staging)
+        (staging / ".complete").write_text(package_version())
+        try:
+            staging.rename(cache)
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
@@ -248,6 +247,8 @@ ssl-ca-cert = {ssl}/certs/ca.pem
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self._building:
+            shutil.rmtree(self._building, ignore_errors=True)
         try:
             self.drop_database()
         except psycopg.Error:
