@@ -15,12 +15,13 @@ class PuppetConnectionAdmin(ConnectionAdmin, TokenHolderAdmin):
         "token_prefix",
         "platform",
         "backend",
+        "puppetdb",
         "created",
         "last_used",
         "token_regenerated_at",
     ]
-    list_filter = ["platform", "backend", "created", "last_used"]
-    editable_fields = ("name", "description", "owner", "platform", "backend")
+    list_filter = ["platform", "backend", "puppetdb", "created", "last_used"]
+    editable_fields = ("name", "description", "owner", "platform", "backend", "puppetdb")
     add_form_fields = editable_fields
     readonly_fields = [
         "id",

@@ -69,6 +69,12 @@ class PuppetConnection(Connection, tokens.TokenHolder):
         help_text="The orchestrator runs everything; Bolt runs on a list of nodes, and task runs; SSH"
         " runs only on a list of nodes.",
     )
+    puppetdb = models.BooleanField(
+        "PuppetDB",
+        default=False,
+        help_text="The bridge has PuppetDB (its puppetdb_url): open source Puppet then also takes runs"
+        " whose scope is a PuppetDB query, which the bridge resolves to nodes.",
+    )
     # What the bridge last said it runs on (our bridge's X-Relay-Platform and X-Relay-Backend
     # headers; the shipped Ruby agent sends neither). Shown, and compared with the settings,
     # never trusted over them.

@@ -14,8 +14,9 @@ from puppet_connection.models import PuppetConnection
 from relay import vault
 from relay.models import UserToken
 from relay.server import ThreadedServer
-from tests.bao import BaoDevServer
+from tests.bao import BaoDevServer, free_port
 from tests.bridge_helpers import Service
+from tests.puppetdb import PuppetDB
 from tests.puppetserver import PuppetServer
 from tests.script_helpers import EngineWorker, StandIn, running_script_workers
 from tests.sshd import Sshd
@@ -67,13 +68,40 @@ def sshd(tmp_path_factory) -> Iterator[Sshd]:
 
 
 @pytest.fixture(scope="session")
-def puppetserver(tmp_path_factory) -> Iterator[PuppetServer]:
+def puppetserver(request, tmp_path_factory) -> Iterator[PuppetServer]:
     """Debian's puppetserver, started once for the session (about a minute each start) and
     shared by the modules that run Puppet against it. Each sets its own manifest, and where
-    the server's reports go (`puppetserver.reports.send_to`)."""
-    server = PuppetServer(tmp_path_factory.mktemp("puppetserver")).start()
+    the server's reports go (`puppetserver.reports.send_to`). When a test of the session uses
+    PuppetDB, the server is told its port from the start (flushing its JRuby pool later to
+    tell it would cost 20-40 s)."""
+    wants_puppetdb = any("puppetdb" in getattr(item, "fixturenames", ()) for item in request.session.items)
+    port = free_port() if wants_puppetdb else None
+    server = PuppetServer(tmp_path_factory.mktemp("puppetserver"), puppetdb_port=port).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def puppetdb(puppetserver: PuppetServer, tmp_path_factory) -> Iterator[PuppetDB]:
+    """Debian's PuppetDB, started once for the session after the puppetserver (it serves TLS
+    with that server's certificate and CA), on a PostgreSQL database of its own. Tests keep
+    out of each other's way by certname (each names its nodes with a prefix of its own)."""
+    server = PuppetDB(
+        tmp_path_factory.mktemp("puppetdb"),
+        puppetserver.server_dir / "ssl",
+        "localhost",
+        _database_url(),
+        ssl_port=puppetserver.puppetdb_port,
+    ).start()
+    yield server
+    server.stop()
+
+
+def _database_url() -> str:
+    db = settings.DATABASES["default"]
+    user, password = db.get("USER") or "postgres", db.get("PASSWORD") or ""
+    host, port = db.get("HOST") or "127.0.0.1", db.get("PORT") or 5432
+    return f"postgresql://{user}:{password}@{host}:{port}/{db['NAME']}"
 
 
 @pytest.fixture(scope="session", autouse=True)

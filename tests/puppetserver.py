@@ -73,9 +73,12 @@ class ReportRelay:
 
 
 class PuppetServer:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, puppetdb_port: int | None = None) -> None:
+        """`puppetdb_port`: where the session's PuppetDB will serve TLS, when the session has
+        one; the server then sends it facts, catalogs and reports from its start."""
         self.dir = directory
         self.port = free_port()
+        self.puppetdb_port = puppetdb_port
         self.reports = ReportRelay()
         self.process: subprocess.Popen | None = None
         self.server_dir = directory / "server"
@@ -107,6 +110,8 @@ class PuppetServer:
 }}
 http-client: {{}}
 profiler: {{}}
+# The admin API's jruby-pool flush (use_puppetdb): for this server's own certificate only.
+puppet-admin: {{ client-whitelist: [localhost] }}
 """
         )
         (s / "code" / "environments" / "production" / "manifests").mkdir(parents=True)
@@ -139,6 +144,10 @@ color = false
 """
         )
         self.manifest("node default { }")
+        if self.puppetdb_port:
+            # Softly: PuppetDB starts after this server (it takes its certificate), so the runs
+            # of modules before PuppetDB's first user find none, and must not fail for it.
+            self._puppetdb_terminus(f"https://localhost:{self.puppetdb_port}", soft=True)
         self.process = subprocess.Popen(
             [
                 "java",
@@ -186,6 +195,46 @@ color = false
                 self.process.kill()
                 self.process.wait()
         self.reports.close()
+
+    def _puppetdb_terminus(self, ssl_url: str, soft: bool) -> None:
+        """Debian's puppet-terminus-puppetdb: storeconfigs, `reports = puppetdb,http`,
+        routes.yaml for facts, and puppetdb.conf naming `ssl_url`."""
+        s = self.server_dir
+        soft_failure = "true" if soft else "false"
+        (s / "puppetdb.conf").write_text(
+            f"[main]\nserver_urls = {ssl_url}\nsoft_write_failure = {soft_failure}\n"
+        )
+        (s / "routes.yaml").write_text("server:\n  facts:\n    terminus: puppetdb\n    cache: yaml\n")
+        conf = (s / "puppet.conf").read_text()
+        if "storeconfigs" not in conf:
+            conf = conf.replace("reports = http\n", "reports = puppetdb,http\nstoreconfigs = true\n")
+            (s / "puppet.conf").write_text(conf + "storeconfigs_backend = puppetdb\n")
+
+    def use_puppetdb(self, ssl_url: str) -> None:
+        """Send facts, catalogs and reports to the PuppetDB at `ssl_url` as well. Nothing
+        to do when the server was started for it (`puppetdb_port`); else the terminus is
+        configured now and the JRuby pool flushed (the admin API), whose new instance reads
+        it: 20-40 s here. For the rest of the session: PuppetDB outlives this server's users."""
+        if self.puppetdb_port and ssl_url == f"https://localhost:{self.puppetdb_port}":
+            return
+        self._puppetdb_terminus(ssl_url, soft=False)
+        ssl = self.server_dir / "ssl"
+        flushed = requests.delete(
+            f"https://localhost:{self.port}/puppet-admin-api/v1/jruby-pool",
+            cert=(str(ssl / "certs" / "localhost.pem"), str(ssl / "private_keys" / "localhost.pem")),
+            verify=str(ssl / "certs" / "ca.pem"),
+            timeout=60,
+        )
+        flushed.raise_for_status()
+
+    def agent_run(self, *flags: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        """`puppet agent -t` on this host as this server's node."""
+        return subprocess.run(
+            ["puppet", "agent", "-t", f"--confdir={self.agent_dir}", *flags],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def manifest(self, text: str) -> None:
         (self.server_dir / "code" / "environments" / "production" / "manifests" / "site.pp").write_text(text)

@@ -147,7 +147,10 @@ def test_bolt_works_a_task_run_stored_before_scopes(live_server, token, modules,
 @pytest.mark.parametrize(
     ("scope", "why"),
     [
-        ({"query": "inventory[certname] {}"}, "not scope `query`: that needs the PE orchestrator"),
+        (
+            {"query": "inventory[certname] {}"},
+            "not scope `query`: that needs PuppetDB (the bridge's puppetdb_url)",
+        ),
         ({"node_group": "00000000-0000-4000-8000-000000000000"}, "not scope `node_group`"),
     ],
 )

@@ -325,3 +325,59 @@ def test_the_admin_page_warns_when_the_bridge_contradicts_a_setting(admin, own_c
     )
     assert 'class="warning"' in page  # at the top of the page, too
     assert "Reported platform" in page
+
+
+# --- PuppetDB: query scopes on open source Puppet (issue 21 §2) ------------------------------
+
+QUERY = {"query": 'inventory[certname] { facts.os.family = "Debian" }'}
+AST = {"query": ["=", ["fact", "kernel"], "Linux"]}
+
+
+def test_the_api_sets_and_shows_puppetdb(alice_api):
+    made = alice_api.post(URL, {"name": "fleet", "platform": "oss", "backend": "ssh"}, format="json")
+    assert made.status_code == 201, made.content
+    assert made.json()["puppetdb"] is False
+    url = f"{URL}{made.json()['id']}/"
+    changed = alice_api.patch(url, {"puppetdb": True}, format="json")
+    assert changed.status_code == 200, changed.content
+    assert alice_api.get(url).json()["puppetdb"] is True
+    assert PuppetConnection.objects.get(pk=made.json()["id"]).puppetdb is True
+    problem = assert_problem(alice_api.patch(url, {"puppetdb": "maybe"}, format="json"), 400)
+    assert problem["errors"][0]["pointer"] == "#/puppetdb"
+
+
+@pytest.mark.parametrize("backend", ["ssh", "bolt", ""])
+def test_open_source_with_puppetdb_takes_query_scopes_not_node_groups(connection, backend):
+    conn, token = connection
+    set_up(conn, platform="oss", backend=backend)
+    client = bridge(token)
+    detail = refused(client, {"scope": QUERY}, "#/scope")
+    assert "scope `query` needs the PE orchestrator, or PuppetDB" in detail, detail
+
+    set_up(conn, puppetdb=True)
+    run = created(client, {"scope": QUERY})
+    assert run["scope"] == QUERY
+    assert created(client, {"scope": AST})["scope"] == AST
+    detail = refused(client, {"scope": {"node_group": "00000000-0000-4000-8000-000000000000"}}, "#/scope")
+    assert "scope `node_group` needs the PE orchestrator" in detail, detail
+    if backend == "bolt":
+        created(client, {"type": "task-run", "name": "package", "scope": QUERY})
+
+
+@pytest.mark.parametrize(
+    "query",
+    [[], {"a": 1}, 7, "", ["x" * 10001], "y" * 10001, ["=", "certname", "a\x00b"]],
+)
+def test_a_query_that_is_neither_pql_nor_an_ast_is_400(connection, query):
+    conn, token = connection
+    set_up(conn, platform="oss", backend="ssh", puppetdb=True)
+    problem = assert_problem(bridge(token).post(RUNS, {"scope": {"query": query}}, format="json"), 400)
+    assert [e["pointer"].startswith("#/scope/query") for e in problem["errors"]] == [True], problem
+
+
+def test_the_admin_edits_puppetdb(staff, connection):
+    conn, _ = connection
+    admin = Client()
+    admin.force_login(staff)
+    page = admin.get(f"{ADMIN}{conn.pk}/change/")
+    assert b'name="puppetdb"' in page.content

@@ -154,7 +154,7 @@ def test_a_bridge_on_open_source_puppet_limits_the_runs_as_the_api_does(puppet, 
     done = step(RUN_START, alice, scope={"query": "nodes { }"}).start()
     assert (
         "spec.scope: This connection runs open source Puppet: only the nodes scope"
-        " (scope `query` needs the PE orchestrator)." in done.message
+        " (scope `query` needs the PE orchestrator, or PuppetDB" in done.message
     )
     done = step(TASK_RUN_START, alice, name="package", scope={"nodes": ["a"]}).start()
     assert (

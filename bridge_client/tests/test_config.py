@@ -199,9 +199,55 @@ def test_the_token_can_come_from_a_file(tmp_path):
         ("relay_api_url: https://x\nrelay_connection_token: {token}\nproxy_host: p\n", "proxy_port"),
         ("relay_api_url: https://x\nrelay_connection_token: {token}\ndebug: loud\n", "debug"),
         ("relay_trigger_token: rlyt_x\nrelay_connection_token: {token}\n", "relay_api_url"),
+        (
+            "relay_api_url: https://x\nrelay_connection_token: {token}\npuppetdb_url: pdb:8081\n",
+            "puppetdb_url",
+        ),
+        ("relay_api_url: https://x\nrelay_connection_token: {token}\npuppetdb_url: [a]\n", "puppetdb_url"),
+        (
+            "relay_api_url: https://x\nrelay_connection_token: {token}\npuppetdb_cert: /c.pem\n",
+            "puppetdb_cert",
+        ),
+        (
+            "relay_api_url: https://x\nrelay_connection_token: {token}\n"
+            "puppetdb_url: https://pdb:8081\npuppetdb_key: [k]\n",
+            "puppetdb_key",
+        ),
     ],
 )
 def test_invalid_configuration_names_the_key(tmp_path, text, key):
     with pytest.raises(ConfigError) as caught:
         load(write(tmp_path, text.format(token=TOKEN)), environ={})
     assert caught.value.key == key
+
+
+def test_puppetdb_over_https_defaults_to_the_agent_s_certificate_key_and_ca(tmp_path):
+    """As the module does for puppetserver: the agent's ssldir and certname, as Puppet says."""
+    import subprocess
+
+    from relay_bridge.puppetdb import QueryScoped, connect
+
+    def setting(name: str) -> str:
+        argv = ["puppet", "config", "print", name, "--section", "agent"]
+        return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
+
+    base = f"relay_api_url: https://x\nrelay_connection_token: {TOKEN}\nbackend: ssh\n"
+    loaded = load(write(tmp_path, base + "puppetdb_url: https://puppetdb.example.com:8081\n"), environ={})
+    client = connect(loaded)
+    ssldir, certname = Path(setting("ssldir")), setting("certname")
+    assert client.session.cert == (
+        str(ssldir / f"certs/{certname}.pem"),
+        str(ssldir / f"private_keys/{certname}.pem"),
+    )
+    assert client.session.verify == str(ssldir / "certs/ca.pem")
+    assert isinstance(make(loaded), QueryScoped)
+    # Each may be named instead; over http, none is used.
+    named = load(
+        write(tmp_path, base + "puppetdb_url: https://pdb:8081\npuppetdb_cacert: /etc/pdb-ca.pem\n"),
+        environ={},
+    )
+    assert connect(named).session.verify == "/etc/pdb-ca.pem"
+    plain = connect(load(write(tmp_path, base + "puppetdb_url: http://localhost:8080\n"), environ={}))
+    assert plain.session.cert is None
+    # Without puppetdb_url, the backend is as before.
+    assert isinstance(make(load(write(tmp_path, base), environ={})), SshBackend)

@@ -7,7 +7,7 @@ from relay.api.serializers import TokenField, TokenHolderSerializer
 
 
 class PuppetConnectionSerializer(TokenHolderSerializer):
-    """`platform` and `backend` are the connection's settings, which runs are checked against;
+    """`platform`, `backend` and `puppetdb` are the connection's settings, which runs are checked against;
     `reported_*` is what its bridge last said (X-Relay-Platform, X-Relay-Backend), and
     `warnings` says where the two disagree."""
 
@@ -25,6 +25,7 @@ class PuppetConnectionSerializer(TokenHolderSerializer):
             "token_prefix",
             "platform",
             "backend",
+            "puppetdb",
             "reported_platform",
             "reported_backend",
             "warnings",

@@ -49,6 +49,31 @@ def json_size(value: Any) -> int:
     return len(json.dumps(value, separators=(",", ":")).encode())
 
 
+QUERY_MAX = 10000
+
+
+class QueryField(StoredJSONField):
+    """A PuppetDB query, as PE's orchestrator takes one: PQL text
+    (`inventory[certname] { facts.os.family = "Debian" }`) or PuppetDB's AST, a JSON array
+    (`["=", ["fact", "kernel"], "Linux"]`). PuppetDB judges it (the orchestrator, or the
+    bridge's PuppetDB): here only its shape and size."""
+
+    default_error_messages = {
+        "invalid_query": "PQL text, or a PuppetDB AST query (a non-empty JSON array).",
+        "too_long": f"Over {QUERY_MAX} characters.",
+    }
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, str):
+            return StrictCharField(max_length=QUERY_MAX).run_validation(data)
+        if not isinstance(data, list) or not data:
+            self.fail("invalid_query")
+        value = super().to_internal_value(data)
+        if json_size(value) > QUERY_MAX:
+            self.fail("too_long")
+        return value
+
+
 def _one_of(name: str, schema: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object", "properties": {name: schema}, "required": [name], "additionalProperties": False}
 
@@ -67,7 +92,15 @@ def _one_of(name: str, schema: dict[str, Any]) -> dict[str, Any]:
                     "maxItems": settings.RUN_MAX_NODES,
                 },
             ),
-            _one_of("query", {"type": "string", "minLength": 1, "maxLength": 10000}),
+            _one_of(
+                "query",
+                {
+                    "oneOf": [
+                        {"type": "string", "minLength": 1, "maxLength": QUERY_MAX},
+                        {"type": "array", "minItems": 1, "items": {}},
+                    ]
+                },
+            ),
             _one_of("node_group", {"type": "string", "minLength": 1, "maxLength": 255}),
             _one_of("application", {"type": "string", "minLength": 1, "maxLength": 255}),
         ]
@@ -75,7 +108,7 @@ def _one_of(name: str, schema: dict[str, Any]) -> dict[str, Any]:
 )
 class ScopeSerializer(RejectUnknownFields, serializers.Serializer):
     nodes = certname_list(required=False)
-    query = StrictCharField(max_length=10000, required=False)
+    query = QueryField(required=False)
     node_group = StrictCharField(max_length=255, required=False)
     application = StrictCharField(max_length=255, required=False)
 
@@ -249,7 +282,8 @@ def check_against_connection(attrs: dict[str, Any], connection: PuppetConnection
     the orchestrator runs everything; Bolt runs runs and task runs on a list of nodes (scope
     `nodes`), and no plans (the bridge's Bolt backend runs none); SSH runs only runs on a
     list of nodes. Open source Puppet with no backend set or reported: as SSH (what every
-    backend but the orchestrator can do)."""
+    backend but the orchestrator can do). Bolt and SSH also take a PuppetDB `query` scope
+    when the connection says its bridge has PuppetDB (`puppetdb`): the bridge resolves it."""
     errors: dict[str, str] = {}
     kind, scope = attrs["type"], attrs.get("scope")
     platform, backend = connection.platform_for_runs, connection.backend
@@ -265,20 +299,33 @@ def check_against_connection(attrs: dict[str, Any], connection: PuppetConnection
             errors["type"] = (
                 f"{why}: only type 'run' (tasks need Bolt or the PE orchestrator, plans the orchestrator)."
             )
-        elif scope and "nodes" not in scope:
-            errors["scope"] = (
-                f"{why}: only the nodes scope (scope `{next(iter(scope))}` needs the PE orchestrator)."
-            )
+        elif scope and not oss_scope_ok(scope, connection):
+            errors["scope"] = oss_scope_error(why, scope, connection)
     elif backend == Backend.BOLT:
         if kind == RunType.PLAN_RUN:
             errors["type"] = (
                 f"{why}, and the bridge's Bolt backend runs no plans: they need the PE orchestrator."
             )
-        elif scope and "nodes" not in scope:
-            errors["scope"] = (
-                f"{why}: only the nodes scope (scope `{next(iter(scope))}` needs the PE orchestrator)."
-            )
+        elif scope and not oss_scope_ok(scope, connection):
+            errors["scope"] = oss_scope_error(why, scope, connection)
     return errors
+
+
+def oss_scope_ok(scope: dict[str, Any], connection: PuppetConnection) -> bool:
+    """What Bolt and SSH run on: a list of nodes; and a PuppetDB query, which the bridge
+    resolves to nodes, when the connection says its bridge has PuppetDB."""
+    return "nodes" in scope or ("query" in scope and connection.puppetdb)
+
+
+def oss_scope_error(why: str, scope: dict[str, Any], connection: PuppetConnection) -> str:
+    kind = next(iter(scope))
+    if kind == "query":
+        return (
+            f"{why}: only the nodes scope (scope `query` needs the PE orchestrator, or PuppetDB: set the"
+            " connection's puppetdb when its bridge has puppetdb_url)."
+        )
+    allowed = "nodes and query scopes" if connection.puppetdb else "nodes scope"
+    return f"{why}: only the {allowed} (scope `{kind}` needs the PE orchestrator)."
 
 
 class AcceptSerializer(serializers.Serializer):

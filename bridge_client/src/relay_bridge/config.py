@@ -38,6 +38,12 @@ KNOWN = (
     "proxy_password",
     "state_dir",
     "heartbeat_interval",  # ours, not the module's: seconds between heartbeats (default 15)
+    # Ours: PuppetDB, for `query` scopes on Bolt and SSH (relay_bridge.puppetdb). https with
+    # the agent's certificate, key and CA unless these name others; http for its localhost port.
+    "puppetdb_url",
+    "puppetdb_cert",
+    "puppetdb_key",
+    "puppetdb_cacert",
 )
 # Keys read from the file only: RELAY_DEBUG or RELAY_TEST in a shell's environment are
 # somebody else's, and a trigger token has no business in the bridge's environment.
@@ -61,6 +67,8 @@ class Config:
     state_dir: Path
     heartbeat_interval: float = 15.0
     debug: bool = False  # the module's `debug`: log at debug level
+    puppetdb_url: str | None = None
+    puppetdb_tls: tuple[str | None, str | None, str | None] = (None, None, None)  # cert, key, CA
     source: Path | None = None  # the file read, if any
 
     def options(self, backend: str) -> dict[str, Any]:
@@ -186,6 +194,21 @@ def _validate(values: dict[str, Any], source: Path | None = None) -> Config:
     if not 0 < heartbeat <= 3600:
         raise ConfigError("heartbeat_interval", "must be more than 0 and at most 3600 seconds")
 
+    puppetdb_url = values.get("puppetdb_url") or None
+    if puppetdb_url is not None and (
+        not isinstance(puppetdb_url, str)
+        or urlparse(puppetdb_url).scheme not in ("http", "https")
+        or not urlparse(puppetdb_url).netloc
+    ):
+        raise ConfigError("puppetdb_url", "must be an http(s) URL, e.g. https://puppetdb.example.com:8081")
+    for key in ("puppetdb_cert", "puppetdb_key", "puppetdb_cacert"):
+        value = values.get(key) or None
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(key, "must be a file's path")
+        if value is not None and puppetdb_url is None:
+            raise ConfigError(key, "is for puppetdb_url, which is not set")
+    tls = tuple(values.get(key) or None for key in ("puppetdb_cert", "puppetdb_key", "puppetdb_cacert"))
+
     return Config(
         relay_api_url=url.rstrip("/") + "/",
         relay_connection_token=token,
@@ -196,6 +219,8 @@ def _validate(values: dict[str, Any], source: Path | None = None) -> Config:
         heartbeat_interval=heartbeat,
         debug=debug,
         source=source,
+        puppetdb_url=puppetdb_url,
+        puppetdb_tls=tls,  # type: ignore[arg-type]
     )
 
 

@@ -173,9 +173,10 @@ def nodes_of(run: dict[str, Any], backend: str, kinds: tuple[str, ...] = ("run",
     scope = scope_of(run)
     unsupported = sorted(set(scope) - {"nodes"})
     if unsupported:
+        needs = "PuppetDB (the bridge's puppetdb_url)" if unsupported[0] == "query" else "the PE orchestrator"
         raise RunError(
             f"The {backend} backend can only run on a list of nodes (scope `nodes`), "
-            f"not scope `{unsupported[0]}`: that needs the PE orchestrator."
+            f"not scope `{unsupported[0]}`: that needs {needs}."
         )
     nodes = scope.get("nodes")
     if not nodes or not isinstance(nodes, list):
@@ -217,4 +218,8 @@ def make(config: Config, which: Any = shutil.which, pe: bool | None = None) -> B
         backend = OrchestratorBackend(config.options("orchestrator"))
     # The platform is what this host runs, whatever the backend (PE can be driven over SSH).
     backend.platform = "pe" if pe or name == "orchestrator" else "oss"
+    if config.puppetdb_url and name != "orchestrator":  # the orchestrator asks PuppetDB itself
+        from relay_bridge.puppetdb import QueryScoped, connect
+
+        backend = QueryScoped(backend, connect(config))
     return backend

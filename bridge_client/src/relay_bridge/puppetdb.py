@@ -1,0 +1,206 @@
+"""PuppetDB's HTTP query API (https://www.puppet.com/docs/puppetdb/7/api/query/v4/overview),
+on `requests`: over https with the Puppet agent's certificate, key and CA (PuppetDB lets in
+the certificates its allow-list names), or http on PuppetDB's cleartext port, which listens
+on localhost. A small module of our own rather than pypuppetdb: the bridge needs one POST
+(a query, PQL or AST, as PE's orchestrator takes either) and PuppetDB's own error message
+when the query is refused, which pypuppetdb turns into an exception without it.
+
+`QueryScoped` gives the Bolt and SSH backends the `query` scope: the bridge resolves the
+query to certnames, then the backend runs them as a node list."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import requests
+
+from relay_bridge.backends import Backend, Job, RunError, check_certnames, scope_of
+
+# Where the Puppet agent keeps its certificate, key and CA (`puppet config print ssldir`),
+# as the module reads them for puppetserver.
+AGENT_SSLDIR = Path("/etc/puppetlabs/puppet/ssl")
+MESSAGE_CHARS = 2000  # of PuppetDB's answer, in an error
+
+
+class PuppetDBError(Exception):
+    pass
+
+
+@dataclass
+class PuppetDB:
+    url: str  # https://puppetdb:8081 or http://localhost:8080
+    cert: str | None = None
+    key: str | None = field(default=None, repr=False)
+    cacert: str | None = None
+    timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        self.session = requests.Session()
+        self.session.trust_env = False  # PuppetDB is on this side of any proxy
+        if urlparse(self.url).scheme == "https":
+            if self.cert and self.key:
+                self.session.cert = (self.cert, self.key)
+            self.session.verify = self.cacert or True
+
+    def query(self, query: str | list[Any], endpoint: str = "") -> list[dict[str, Any]]:
+        """Rows for `query`: PQL text (on /pdb/query/v4), or an AST (a list) on `endpoint`
+        (`nodes`, `inventory`, …; the root when it starts with `from`). PuppetDBError with
+        PuppetDB's own message when it refuses the query, or cannot be reached."""
+        path = "/pdb/query/v4" + (f"/{endpoint}" if endpoint else "")
+        try:
+            answer = self.session.post(
+                self.url.rstrip("/") + path, json={"query": query}, timeout=self.timeout
+            )
+        except requests.RequestException as exc:
+            raise PuppetDBError(f"PuppetDB at {self.url} could not be reached: {exc}") from None
+        if answer.status_code != 200:
+            text = answer.text.strip()[:MESSAGE_CHARS] or answer.reason
+            raise PuppetDBError(f"PuppetDB refused the query ({answer.status_code}): {text}")
+        try:
+            rows = answer.json()
+        except ValueError:
+            raise PuppetDBError("PuppetDB's answer is not JSON") from None
+        if not isinstance(rows, list):
+            raise PuppetDBError("PuppetDB's answer is not a list of rows")
+        return rows
+
+    def certnames(self, query: Any) -> list[str]:
+        """The certnames a run's `query` scope names: PQL text, or an AST (a `from` query, or
+        a node query such as `["=", ["fact", "kernel"], "Linux"]`), as PE's orchestrator
+        takes them. Active nodes only (PuppetDB's default). Once each, in PuppetDB's order."""
+        if isinstance(query, str):
+            rows = self.query(query)
+        elif isinstance(query, list) and query:
+            rows = self.query(query, "" if query[0] == "from" else "nodes")
+        else:
+            raise PuppetDBError("The query must be PQL text or a PuppetDB AST query (a list).")
+        names = []
+        for row in rows:
+            if not isinstance(row, dict) or not isinstance(row.get("certname"), str):
+                raise PuppetDBError(
+                    "The query's results have no certname: project it, e.g. inventory[certname] { ... }."
+                )
+            names.append(row["certname"])
+        return list(dict.fromkeys(names))
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def agent_ssl_files(ssldir: Path | None = None) -> tuple[str, str, str]:
+    """(cert, key, CA) of this host's Puppet agent: `ssldir` (else `puppet config print
+    ssldir`, else the AIO default) and `certname` as the agent has them."""
+    ssldir = ssldir or _puppet_setting("ssldir") or AGENT_SSLDIR
+    certname = _puppet_setting("certname")
+    if not certname:
+        raise ValueError("the agent's certname could not be read (puppet config print certname)")
+    return (
+        str(Path(ssldir) / "certs" / f"{certname}.pem"),
+        str(Path(ssldir) / "private_keys" / f"{certname}.pem"),
+        str(Path(ssldir) / "certs" / "ca.pem"),
+    )
+
+
+def _puppet_setting(name: str) -> str | None:
+    for puppet in ("/opt/puppetlabs/bin/puppet", "puppet"):
+        try:
+            done = subprocess.run(
+                [puppet, "config", "print", name, "--section", "agent"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if done.returncode == 0 and done.stdout.strip():
+            return done.stdout.strip()
+    return None
+
+
+class ResolvedJob:
+    """A backend's job for a run whose query scope was resolved: its results say which
+    nodes the query named, and when."""
+
+    def __init__(self, job: Job, resolved: dict[str, Any]) -> None:
+        self.job, self.resolved = job, resolved
+        self.job_id = job.job_id
+
+    def wait(self, timeout: float) -> bool:
+        return self.job.wait(timeout)
+
+    def stop(self) -> None:
+        self.job.stop()
+
+    def result(self) -> tuple[str, Any]:
+        outcome, results = self.job.result()
+        return outcome, {"query": self.resolved, **(results if isinstance(results, dict) else {})}
+
+    def handle(self) -> dict[str, Any]:
+        return {**self.job.handle(), "resolved": self.resolved}
+
+
+class QueryScoped:
+    """A Bolt or SSH backend that also takes `query` scopes, resolved through PuppetDB to a
+    node list first. A query that matches nothing or that PuppetDB refuses ends the run with
+    an `error` outcome and PuppetDB's message (as PE's orchestrator's `empty-target`)."""
+
+    def __init__(self, backend: Backend, puppetdb: PuppetDB) -> None:
+        self.backend, self.puppetdb = backend, puppetdb
+        self.name = backend.name
+
+    @property
+    def platform(self) -> str:
+        return self.backend.platform
+
+    @platform.setter
+    def platform(self, value: str) -> None:
+        self.backend.platform = value
+
+    def start(self, run: dict[str, Any], workdir: Path) -> Job:
+        scope = scope_of(run)
+        if "query" not in scope:
+            return self.backend.start(run, workdir)
+        if set(scope) != {"query"}:
+            raise RunError("A query scope names nothing else.")
+        query = scope["query"]
+        try:
+            nodes = self.puppetdb.certnames(query)
+        except PuppetDBError as exc:
+            raise RunError(str(exc), query=query) from None
+        if not nodes:
+            raise RunError("The query matched no nodes.", query=query)
+        try:
+            nodes = check_certnames(nodes, "node, from PuppetDB,")
+        except RunError as exc:
+            raise RunError(str(exc), query=query) from None
+        resolved = {
+            "query": query,
+            "nodes": nodes,
+            "resolved_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+        job = self.backend.start({**run, "scope": {"nodes": nodes}}, workdir)
+        return ResolvedJob(job, resolved)
+
+    def attach(self, handle: dict[str, Any], workdir: Path) -> Job:
+        resolved = handle.get("resolved")
+        inner = {k: v for k, v in handle.items() if k != "resolved"}
+        job = self.backend.attach(inner, workdir)
+        return ResolvedJob(job, resolved) if isinstance(resolved, dict) else job
+
+
+def connect(config: Any) -> PuppetDB:
+    """The PuppetDB the configuration names; over https, the agent's own certificate, key
+    and CA for any of the three not set."""
+    cert, key, cacert = config.puppetdb_tls
+    if urlparse(config.puppetdb_url).scheme == "https" and not (cert and key and cacert):
+        try:
+            agent = agent_ssl_files()
+        except ValueError:
+            agent = (None, None, None)
+        cert, key, cacert = cert or agent[0], key or agent[1], cacert or agent[2]
+    return PuppetDB(config.puppetdb_url, cert, key, cacert)
