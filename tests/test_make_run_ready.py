@@ -3,9 +3,12 @@ starts, or one line says how; `make createsuperuser` works with and without a te
 
 import os
 import select
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,6 @@ import pytest
 from tests.settings import outside_env
 
 ROOT = Path(__file__).resolve().parent.parent
-INSTALL = str(ROOT / "scripts" / "install-system-packages")
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
 
 
@@ -38,9 +40,22 @@ def test_make_run_installs_what_script_steps_need_before_it_starts():
     assert installs < starts, planned
 
 
-def test_without_bubblewrap_and_without_root_it_says_in_one_line_how_to_install_and_starts():
+@pytest.fixture
+def install() -> Iterator[str]:
+    """The script, where the other user can read it: the checkout may be inside a 0700 home
+    directory (CI clones into one)."""
+    directory = Path(tempfile.mkdtemp(prefix="relay-install-test-", dir="/tmp"))
+    directory.chmod(0o755)
+    script = directory / "install-system-packages"
+    shutil.copy(ROOT / "scripts" / "install-system-packages", script)
+    script.chmod(0o755)
+    yield str(script)
+    shutil.rmtree(directory)
+
+
+def test_without_bubblewrap_and_without_root_it_says_in_one_line_how_to_install_and_starts(install):
     # The check looks where the sandbox looks (STEP_BWRAP): pointed elsewhere, bubblewrap is missing.
-    told = as_nobody(INSTALL, "steps", STEP_BWRAP="/nonexistent/bwrap")
+    told = as_nobody(install, "steps", STEP_BWRAP="/nonexistent/bwrap")
     assert told.returncode == 0  # the service starts; only its script steps would fail
     assert told.stdout == ""
     assert told.stderr.splitlines() == [
@@ -48,10 +63,10 @@ def test_without_bubblewrap_and_without_root_it_says_in_one_line_how_to_install_
         "(or run make run as root; the rest of the service works without them)"
     ]
     # Everything there (this machine has them): nothing said.
-    quiet = as_nobody(INSTALL, "steps")
+    quiet = as_nobody(install, "steps")
     assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "", "")
     # `make test` needs them all: without root it fails, saying what to install.
-    refused = as_nobody(INSTALL, STEP_BWRAP="/nonexistent/bwrap")
+    refused = as_nobody(install, STEP_BWRAP="/nonexistent/bwrap")
     assert refused.returncode == 1
     assert refused.stderr.splitlines() == [
         "need root (or passwordless sudo) to install: sudo apt-get install bubblewrap"
