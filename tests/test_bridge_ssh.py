@@ -118,7 +118,9 @@ def test_the_run_s_flags_reach_puppet(sshd, tmp_path, fields, flags):
 
 def test_parallelism_bounds_the_nodes_worked_at_once(sshd, tmp_path):
     log = tmp_path / "calls"
-    nodes = {f"n{i}": {"FAKE_PUPPET_LOG": str(log), "FAKE_PUPPET_SLEEP": "0.4"} for i in range(7)}
+    # Each Puppet run lasts long enough (1.5 s) that three overlap even when a loaded machine
+    # takes a second to open an SSH session (0.4 s saw two at once under load).
+    nodes = {f"n{i}": {"FAKE_PUPPET_LOG": str(log), "FAKE_PUPPET_SLEEP": "1.5"} for i in range(7)}
     backend = backend_for(sshd, nodes, parallelism=3)
     outcome, _ = finish(backend.start(run_on(list(nodes)), tmp_path / "work"))
     assert outcome == "finished"
