@@ -16,6 +16,7 @@ from relay.models import UserToken
 from relay.server import ThreadedServer
 from tests.bao import BaoDevServer
 from tests.bridge_helpers import Service
+from tests.browser import BrowserThread
 from tests.puppetserver import PuppetServer
 from tests.script_helpers import EngineWorker, StandIn, running_script_workers
 from tests.sshd import Sshd
@@ -56,6 +57,15 @@ def live_server(django_db_setup, django_db_blocker) -> Iterator[LiveServer]:
         server = LiveServer().start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[BrowserThread]:
+    """The session's headless Chromium (tests/browser.py), started by the first test that
+    needs it."""
+    thread = BrowserThread()
+    yield thread
+    thread.stop()
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,218 @@
+"""The workflow and run pages. Views are thin: fetch what the user may see
+(workflows.permissions, as the API and the admin do), ask the engine, render."""
+
+from datetime import datetime
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required as _login_required
+from django.core.exceptions import PermissionDenied
+from django.db.models import F, QuerySet, Window
+from django.db.models.functions import RowNumber
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from pages import graph
+from pages.forms import RunForm
+from workflows import engine
+from workflows.dialect.problems import DocumentError
+from workflows.models import Conflict, OverBudget, RunStatus, StepRun, StepStatus, Workflow, WorkflowRun
+from workflows.permissions import Action, may, runs_for, workflows_for
+
+HISTORY = 50  # runs listed on a workflow's page
+
+# The admin's login form, open to every active user (the admin's own admits staff alone).
+login_required = _login_required(login_url="pages:login")
+
+
+def duration(start: datetime | None, end: datetime | None) -> str:
+    """ "1h 02m 03s", "4m 05s", "7s"; "" before it started; to now while it runs."""
+    if start is None:
+        return ""
+    seconds = max(0, int(((end or timezone.now()) - start).total_seconds()))
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if hours:
+        return f"{hours}h {minutes:02d}m {seconds:02d}s"
+    return f"{minutes}m {seconds:02d}s" if minutes else f"{seconds}s"
+
+
+def run_status(run: WorkflowRun) -> str:
+    """One word for a run: its outcome once complete, else its status."""
+    return run.outcome if run.status == RunStatus.COMPLETE and run.outcome else run.status
+
+
+def numbered(workflow: Workflow) -> QuerySet[WorkflowRun]:
+    """The workflow's runs, newest first, each with its `number`: #1 is its first run."""
+    return (
+        WorkflowRun.objects.filter(workflow=workflow)
+        .annotate(number=Window(RowNumber(), order_by=[F("created_at").asc(), F("id").asc()]))
+        .select_related("created_by", "event", "schedule", "parent_step__run")
+        .order_by("-created_at", "-id")
+    )
+
+
+def number_of(run: WorkflowRun) -> int:
+    return (
+        WorkflowRun.objects.filter(workflow_id=run.workflow_id, created_at__lte=run.created_at)
+        .exclude(created_at=run.created_at, id__gt=run.id)
+        .count()
+    )
+
+
+def started_by(run: WorkflowRun) -> str:
+    if run.created_by is not None:
+        return run.created_by.get_username()
+    if run.schedule_id is not None:
+        return "a schedule"
+    if run.event_id is not None:
+        return "a trigger's event"
+    if run.parent_step_id is not None:
+        return "a step of another run"
+    return "—"
+
+
+def _workflow(request: HttpRequest, workflow_id: Any) -> Workflow:
+    return get_object_or_404(
+        workflows_for(request.user, Workflow.objects.select_related("owner")), pk=workflow_id
+    )
+
+
+def _run(request: HttpRequest, run_id: Any) -> WorkflowRun:
+    runs = WorkflowRun.objects.select_related("workflow__owner", "revision", "created_by")
+    return get_object_or_404(runs_for(request.user, runs), pk=run_id)
+
+
+@login_required
+def workflow_list(request: HttpRequest) -> HttpResponse:
+    workflows = workflows_for(request.user, Workflow.objects.select_related("owner")).order_by("name")
+    return render(request, "pages/workflow_list.html", {"workflows": workflows})
+
+
+@login_required
+def workflow_detail(request: HttpRequest, workflow_id: Any) -> HttpResponse:
+    workflow = _workflow(request, workflow_id)
+    revision = workflow.latest_revision()
+    document = engine.parsed(revision.pk) if revision is not None else None
+    runs = []
+    if may(request.user, Action.VIEW_RUNS, workflow):
+        for run in numbered(workflow)[:HISTORY]:
+            run.status_word = run_status(run)  # type: ignore[attr-defined]
+            run.duration = duration(run.started_at, run.ended_at)  # type: ignore[attr-defined]
+            run.started_by = started_by(run)  # type: ignore[attr-defined]
+            runs.append(run)
+    return render(
+        request,
+        "pages/workflow_detail.html",
+        {
+            "workflow": workflow,
+            "revision": revision,
+            "document": document,
+            "svg": graph.workflow_svg(document) if document is not None else "",
+            "runs": runs,
+            "may_run": may(request.user, Action.RUN, workflow) and document is not None,
+            "may_view_runs": may(request.user, Action.VIEW_RUNS, workflow),
+        },
+    )
+
+
+@login_required
+def run_form(request: HttpRequest, workflow_id: Any) -> HttpResponse:
+    """The Run button: a form of the newest revision's parameters; a valid one starts a run
+    and lands on its page."""
+    workflow = _workflow(request, workflow_id)
+    if not may(request.user, Action.RUN, workflow):
+        raise PermissionDenied("A workflow's runs are started by its owner alone.")
+    revision = workflow.latest_revision()
+    if revision is None:
+        raise Http404("The workflow has no revision.")
+    parameters = dict(engine.parsed(revision.pk).parameters)
+    form = RunForm(parameters, request.POST if request.method == "POST" else None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            run = engine.create_run(workflow, form.values, created_by=request.user)
+        except engine.ParameterError as exc:
+            for name in exc.missing:
+                form.add_error(name, "A required parameter has no value.")
+            for name, why in exc.invalid.items():
+                form.add_error(name, f"The value cannot be a parameter: {why}.")
+        except (OverBudget, DocumentError) as exc:
+            form.add_error(None, str(exc))
+        else:
+            return redirect("pages:run", run_id=run.pk)
+    return render(request, "pages/run_form.html", {"workflow": workflow, "form": form}, status=200)
+
+
+def _run_context(request: HttpRequest, run: WorkflowRun) -> dict[str, Any]:
+    steps = list(
+        StepRun.objects.filter(run=run).defer("outputs", "state", "decorators").select_related("decided_by")
+    )
+    document = engine.parsed(run.revision_id)
+    may_approve = may(request.user, Action.APPROVE, run.workflow)
+    for step in steps:
+        step.duration = duration(step.started_at, step.ended_at)  # type: ignore[attr-defined]
+        step.waiting = step.kind == "approval" and step.status == StepStatus.IN_PROGRESS  # type: ignore[attr-defined]
+        step.question = document.step(step.name).description if step.kind == "approval" else ""  # type: ignore[attr-defined]
+    shown = {step.name: (step.status, step.duration) for step in steps}  # type: ignore[attr-defined]
+    complete = run.status == RunStatus.COMPLETE
+    return {
+        "run": run,
+        "status_word": run_status(run),
+        "duration": duration(run.started_at, run.ended_at),
+        "started_by": started_by(run),
+        "steps": steps,
+        "svg": graph.workflow_svg(document, shown),
+        "complete": complete,
+        "may_approve": may_approve,
+        "may_cancel": not complete and may(request.user, Action.CANCEL, run.workflow),
+    }
+
+
+@login_required
+def run_detail(request: HttpRequest, run_id: Any) -> HttpResponse:
+    run = _run(request, run_id)
+    context = _run_context(request, run)
+    context["number"] = number_of(run)
+    return render(request, "pages/run_detail.html", context)
+
+
+@login_required
+def run_live(request: HttpRequest, run_id: Any) -> HttpResponse:
+    """The run page's changing part, which the page asks for each second until the run ends."""
+    run = _run(request, run_id)
+    return render(request, "pages/_run_live.html", _run_context(request, run))
+
+
+@login_required
+@require_POST
+def answer(request: HttpRequest, run_id: Any, step: str, approve: bool) -> HttpResponse:
+    run = _run(request, run_id)
+    if not may(request.user, Action.APPROVE, run.workflow):
+        raise PermissionDenied(
+            "Answering approvals needs the permission to approve them (workflows.approve_steprun)."
+        )
+    step_run = get_object_or_404(StepRun, run=run, name=step)
+    try:
+        engine.answer(step_run, request.user, approve)
+    except Conflict as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"{'Approved' if approve else 'Rejected'}: {step}.")
+    return redirect("pages:run", run_id=run.pk)
+
+
+@login_required
+@require_POST
+def cancel(request: HttpRequest, run_id: Any) -> HttpResponse:
+    run = _run(request, run_id)
+    if not may(request.user, Action.CANCEL, run.workflow):
+        raise PermissionDenied("You may not cancel runs of another user's workflow.")
+    try:
+        engine.cancel_run(run)
+    except Conflict as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, "Cancelling: steps not started are skipped, steps in progress stopped.")
+    return redirect("pages:run", run_id=run.pk)
