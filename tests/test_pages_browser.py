@@ -1,0 +1,178 @@
+"""The pages in a real browser (headless Debian Chromium driven by Playwright, tests/browser.py)
+against a live server with a real engine worker: a workflow made from YAML in the admin,
+started from the Run form, its run page changing by itself while the steps run, an approval
+answered on the page; a viewer without the permission gets no button and a refused POST.
+Screenshots of each page go to the test's tmp_path."""
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from playwright.sync_api import Browser, Page, expect
+
+from tests.browser import BrowserThread
+from tests.workflow_helpers import NOOP, make_workflow, step_in, steps_of, vault_worker
+from workflows import engine
+from workflows.models import WorkflowRun
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SOURCE = f"""apiVersion: v1
+description: Check, ask, deploy
+parameters:
+  target:
+    description: The nodes to deploy to
+  batch:
+    description: How many nodes at once
+    default: 5
+steps:
+- name: check
+  image: {NOOP}
+  spec:
+    sleep: 2
+- name: approve-deploy
+  type: approval
+  description: Deploy to the nodes?
+  dependsOn: check
+- name: deploy
+  image: {NOOP}
+  spec:
+    sleep: 1
+  dependsOn: approve-deploy
+"""
+
+
+@pytest.fixture(scope="module")
+def worker(django_db_setup, django_db_blocker, bao, tmp_path_factory) -> Iterator[None]:
+    with vault_worker(django_db_blocker, bao, tmp_path_factory.mktemp("pages") / "worker.log"):
+        yield
+
+
+def log_in(page: Page, url: str, username: str, password: str) -> None:
+    page.goto(f"{url}/app/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
+    page.click("input[type=submit]")
+
+
+def test_made_from_yaml_started_from_the_form_watched_live_and_approved_on_the_page(
+    live_server, worker, browser: BrowserThread, tmp_path: Path
+):
+    User.objects.create_superuser("root", password="root-password-1")
+    url = live_server.url
+
+    def journey(browser: Browser) -> str:
+        page = browser.new_page()
+        try:
+            # The admin: a workflow from YAML.
+            page.goto(f"{url}/admin/login/?next=/admin/workflows/workflow/add/")
+            page.fill("#id_username", "root")
+            page.fill("#id_password", "root-password-1")
+            page.click("input[type=submit]")
+            page.select_option("#id_owner", label="root")
+            page.fill("#id_name", "deploy")
+            page.fill("#id_source", SOURCE)
+            page.click("input[name=_save]")
+            expect(page.locator(".messagelist")).to_contain_text("was added successfully")
+
+            # Its page: the graph dot drew, and the Run button.
+            page.goto(f"{url}/app/workflows/")
+            page.click("text=deploy")
+            expect(page.locator(".graph svg")).to_contain_text("approve-deploy")
+            expect(page.locator(".graph svg")).to_contain_text("approval")
+            page.screenshot(path=tmp_path / "workflow.png", full_page=True)
+            page.click("text=Run")
+
+            # The form: the required one marked; a bad value and a missing one refused beside their fields.
+            expect(page.locator("label[for=id_target] + .required")).to_have_text("(required)")
+            expect(page.locator("#id_batch")).to_have_value("5")
+            page.fill("#id_batch", "five")
+            page.click("button[type=submit]")
+            expect(page.locator("#id_target-errors")).to_have_text("A required parameter has no value.")
+            expect(page.locator("#id_batch-errors")).to_contain_text("Not a number")
+            page.screenshot(path=tmp_path / "run-form-errors.png", full_page=True)
+            page.fill("#id_target", "web-*")
+            page.fill("#id_batch", "2")
+            page.click("button[type=submit]")
+
+            # The run page changes by itself (no reload: the mark stays) as `check` ends and the gate opens.
+            expect(page.locator("h1")).to_have_text("deploy #1")
+            page.evaluate("window.notReloaded = true")
+            assert page.locator("#approval-approve-deploy").count() == 0  # `check` takes 2 s
+            approval = page.locator("#approval-approve-deploy")
+            expect(approval).to_contain_text("waits for an answer: Deploy to the nodes?", timeout=30_000)
+            expect(page.locator("#row-check")).to_contain_text("success")
+            expect(page.locator("#node-check")).to_contain_text("success")  # the graph too
+            assert page.evaluate("window.notReloaded") is True
+            page.screenshot(path=tmp_path / "run-waiting.png", full_page=True)
+
+            approval.locator("button", has_text="Approve").click()
+            expect(page.locator(".messages")).to_contain_text("Approved: approve-deploy.")
+            page.evaluate("window.notReloaded = true")
+            expect(page.locator("#run-status")).to_have_text("success", timeout=30_000)
+            expect(page.locator("#row-deploy")).to_contain_text("success")
+            assert page.evaluate("window.notReloaded") is True
+            expect(page.locator("#live")).not_to_have_attribute("hx-trigger", "every 1s")  # it stopped asking
+            page.screenshot(path=tmp_path / "run-complete.png", full_page=True)
+            run_url = page.url
+
+            page.click("h1 a")
+            expect(page.locator("table").last).to_contain_text("#1")
+            expect(page.locator("table").last).to_contain_text("success")
+            page.screenshot(path=tmp_path / "workflow-history.png", full_page=True)
+            return run_url
+        finally:
+            page.close()
+
+    run_url = browser.run(journey)
+    run = WorkflowRun.objects.get()
+    assert run_url == f"{url}/app/runs/{run.pk}/"
+    assert (run.status, run.outcome, run.parameters) == (
+        "complete",
+        "success",
+        {"target": "web-*", "batch": 2},
+    )
+    gate = steps_of(run)["approve-deploy"]
+    assert (gate.decision, gate.decided_by.username) == ("approved", "root")
+    assert sorted(path.name for path in tmp_path.glob("*.png")) == [
+        "run-complete.png",
+        "run-form-errors.png",
+        "run-waiting.png",
+        "workflow-history.png",
+        "workflow.png",
+    ]
+
+
+def test_a_viewer_without_the_permission_sees_no_approve_button_and_the_server_refuses(
+    live_server, worker, browser: BrowserThread, tmp_path: Path
+):
+    owner = User.objects.create_user("ops")
+    viewer = User.objects.create_user("vic", password="vic-password-1", is_staff=True)
+    viewer.user_permissions.set(Permission.objects.filter(codename="view_workflowrun"))
+    run = engine.create_run(make_workflow(owner, SOURCE, "deploy"), {"target": "db"}, created_by=owner)
+    step_in(run, "approve-deploy", "in-progress")
+    url = live_server.url
+
+    def journey(browser: Browser) -> int:
+        context = browser.new_context()
+        page = context.new_page()
+        try:
+            log_in(page, url, "vic", "vic-password-1")
+            page.goto(f"{url}/app/runs/{run.pk}/")
+            approval = page.locator("#approval-approve-deploy")
+            expect(approval).to_contain_text("someone who may approve must answer it")
+            expect(approval.locator("button")).to_have_count(0)
+            page.screenshot(path=tmp_path / "run-viewer.png", full_page=True)
+            token = next(c["value"] for c in context.cookies() if c["name"] == "csrftoken")
+            refused = page.request.post(
+                f"{url}/app/runs/{run.pk}/steps/approve-deploy/approve/",
+                headers={"X-CSRFToken": token, "Referer": page.url},
+            )
+            return refused.status
+        finally:
+            context.close()
+
+    assert browser.run(journey) == 403
+    assert steps_of(run)["approve-deploy"].status == "in-progress"
+    engine.cancel_run(WorkflowRun.objects.get(pk=run.pk))
