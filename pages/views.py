@@ -1,6 +1,7 @@
 """The workflow and run pages. Views are thin: fetch what the user may see
 (workflows.permissions, as the API and the admin do), ask the engine, render."""
 
+import hashlib
 from datetime import datetime
 from typing import Any
 
@@ -152,21 +153,28 @@ def _run_context(request: HttpRequest, run: WorkflowRun) -> dict[str, Any]:
     document = engine.parsed(run.revision_id)
     may_approve = may(request.user, Action.APPROVE, run.workflow)
     for step in steps:
-        step.duration = duration(step.started_at, step.ended_at)  # type: ignore[attr-defined]
+        # Only once ended: a duration ticking each second would change the page each second.
+        step.duration = duration(step.started_at, step.ended_at) if step.ended_at else ""  # type: ignore[attr-defined]
         step.waiting = step.kind == "approval" and step.status == StepStatus.IN_PROGRESS  # type: ignore[attr-defined]
         step.question = document.step(step.name).description if step.kind == "approval" else ""  # type: ignore[attr-defined]
     shown = {step.name: (step.status, step.duration) for step in steps}  # type: ignore[attr-defined]
     complete = run.status == RunStatus.COMPLETE
+    may_cancel = not complete and may(request.user, Action.CANCEL, run.workflow)
+    seen = [
+        (run.status, run.outcome, run.message, run.started_at, run.ended_at, may_approve, may_cancel),
+        *((s.status, s.decision, s.decided_by_id, s.message, s.started_at, s.ended_at) for s in steps),
+    ]
     return {
+        "version": hashlib.sha256(repr(seen).encode()).hexdigest()[:16],
         "run": run,
         "status_word": run_status(run),
-        "duration": duration(run.started_at, run.ended_at),
+        "duration": duration(run.started_at, run.ended_at) if run.ended_at else "",
         "started_by": started_by(run),
         "steps": steps,
         "svg": graph.workflow_svg(document, shown),
         "complete": complete,
         "may_approve": may_approve,
-        "may_cancel": not complete and may(request.user, Action.CANCEL, run.workflow),
+        "may_cancel": may_cancel,
     }
 
 
@@ -180,9 +188,14 @@ def run_detail(request: HttpRequest, run_id: Any) -> HttpResponse:
 
 @login_required
 def run_live(request: HttpRequest, run_id: Any) -> HttpResponse:
-    """The run page's changing part, which the page asks for each second until the run ends."""
+    """The run page's changing part, which the page asks for each second until the run ends:
+    204 while what it shows has not changed (htmx then leaves the page alone, and the focus
+    where it was)."""
     run = _run(request, run_id)
-    return render(request, "pages/_run_live.html", _run_context(request, run))
+    context = _run_context(request, run)
+    if request.headers.get("X-Live-Version") == context["version"]:
+        return HttpResponse(status=204)
+    return render(request, "pages/_run_live.html", context)
 
 
 @login_required

@@ -126,8 +126,13 @@ def test_the_live_part_stops_asking_once_the_run_is_complete(waiting, alice):
     owner = logged_in(alice)
     live = owner.get(f"/app/runs/{waiting.run_id}/live/").content.decode()
     assert 'hx-trigger="every 1s"' in live and ">Cancel run</button>" in live
+    version = re.search(r'"X-Live-Version": "(\w+)"', live).group(1)
+    unchanged = owner.get(f"/app/runs/{waiting.run_id}/live/", headers={"X-Live-Version": version})
+    assert unchanged.status_code == 204  # nothing to swap: htmx leaves the page (and its focus) alone
     owner.post(f"/app/runs/{waiting.run_id}/cancel/")
     engine.advance(waiting.run_id)
-    live = owner.get(f"/app/runs/{waiting.run_id}/live/").content.decode()
+    live = owner.get(
+        f"/app/runs/{waiting.run_id}/live/", headers={"X-Live-Version": version}
+    ).content.decode()
     assert "hx-trigger" not in live and "cancelled" in live and "Cancel run" not in live
     assert steps_of(waiting.run)["deploy"].status == "skipped"

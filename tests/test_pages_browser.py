@@ -107,6 +107,14 @@ def test_made_from_yaml_started_from_the_form_watched_live_and_approved_on_the_p
             assert page.evaluate("window.notReloaded") is True
             page.screenshot(path=tmp_path / "run-waiting.png", full_page=True)
 
+            # The keyboard: a step of the graph takes the focus, keeps it while the page keeps
+            # asking (nothing changed: nothing swapped), and Enter goes to its row.
+            page.focus("#node-check a")
+            page.wait_for_timeout(2500)
+            assert page.evaluate("document.activeElement.closest('g.node').id") == "node-check"
+            page.keyboard.press("Enter")
+            assert page.url.endswith("#row-check")
+
             approval.locator("button", has_text="Approve").click()
             expect(page.locator(".messages")).to_contain_text("Approved: approve-deploy.")
             page.evaluate("window.notReloaded = true")
@@ -176,3 +184,56 @@ def test_a_viewer_without_the_permission_sees_no_approve_button_and_the_server_r
     assert browser.run(journey) == 403
     assert steps_of(run)["approve-deploy"].status == "in-progress"
     engine.cancel_run(WorkflowRun.objects.get(pk=run.pk))
+
+
+CANCEL_AND_FAIL = f"""apiVersion: v1
+parameters:
+  fail:
+    default: ""
+steps:
+- name: slow
+  image: {NOOP}
+  spec:
+    sleep: 3
+    fail: !Parameter fail
+- name: after
+  image: {NOOP}
+  dependsOn: slow
+"""
+
+
+def test_a_run_cancelled_from_its_page_and_a_failed_one_say_so(
+    live_server, worker, browser: BrowserThread, tmp_path: Path
+):
+    owner = User.objects.create_user("ops", password="ops-password-1")
+    workflow = make_workflow(owner, CANCEL_AND_FAIL, "slow")
+    url = live_server.url
+
+    def journey(browser: Browser) -> None:
+        page = browser.new_page()
+        try:
+            log_in(page, url, "ops", "ops-password-1")
+            page.goto(f"{url}/app/workflows/{workflow.pk}/run/")
+            page.click("button[type=submit]")
+            expect(page.locator("#row-slow")).to_contain_text("in-progress", timeout=30_000)
+            page.click("text=Cancel run")
+            expect(page.locator("#run-status")).to_have_text("cancelled", timeout=30_000)
+            expect(page.locator("#row-after")).to_contain_text("skipped")
+            page.screenshot(path=tmp_path / "run-cancelled.png", full_page=True)
+
+            page.goto(f"{url}/app/workflows/{workflow.pk}/run/")
+            page.fill("#id_fail", "the check found drift")
+            page.click("button[type=submit]")
+            expect(page.locator("h1")).to_have_text("slow #2")
+            expect(page.locator("#run-status")).to_have_text("failure", timeout=30_000)
+            expect(page.locator("#row-slow")).to_contain_text("the check found drift")
+            expect(page.locator("#node-slow")).to_contain_text("failure")
+            page.screenshot(path=tmp_path / "run-failed.png", full_page=True)
+        finally:
+            page.close()
+
+    browser.run(journey)
+    assert [(r.outcome, r.created_by.username) for r in WorkflowRun.objects.order_by("created_at")] == [
+        ("cancelled", "ops"),
+        ("failure", "ops"),
+    ]
