@@ -12,7 +12,8 @@ from django.contrib.auth.models import Permission, User
 from playwright.sync_api import Browser, Page, expect
 
 from tests.browser import BrowserThread
-from tests.workflow_helpers import NOOP, make_workflow, step_in, steps_of, vault_worker
+from tests.script_helpers import running_script_workers
+from tests.workflow_helpers import NOOP, make_workflow, step_in, steps_of
 from workflows import engine
 from workflows.models import WorkflowRun
 
@@ -31,10 +32,16 @@ steps:
   image: {NOOP}
   spec:
     sleep: 2
+- name: report
+  image: relaysh/core
+  input: ["echo would change 3 files on $(ni get -p {{.target}})"]
+  spec:
+    target: !Parameter target
+  dependsOn: check
 - name: approve-deploy
   type: approval
   description: Deploy to the nodes?
-  dependsOn: check
+  dependsOn: report
 - name: deploy
   image: {NOOP}
   spec:
@@ -44,8 +51,9 @@ steps:
 
 
 @pytest.fixture(scope="module")
-def worker(django_db_setup, django_db_blocker, bao, tmp_path_factory) -> Iterator[None]:
-    with vault_worker(django_db_blocker, bao, tmp_path_factory.mktemp("pages") / "worker.log"):
+def worker(django_db_setup, django_db_blocker, bao, live_server, tmp_path_factory) -> Iterator[None]:
+    """The engine's worker (noop steps too) and a script steps' worker (real sandboxes)."""
+    with running_script_workers(django_db_blocker, bao, live_server.url, tmp_path_factory.mktemp("pages")):
         yield
 
 
@@ -103,6 +111,8 @@ def test_made_from_yaml_started_from_the_form_watched_live_and_approved_on_the_p
             approval = page.locator("#approval-approve-deploy")
             expect(approval).to_contain_text("waits for an answer: Deploy to the nodes?", timeout=30_000)
             expect(page.locator("#row-check")).to_contain_text("success")
+            # The log of a step that started after the page loaded, tailed into it.
+            expect(page.locator("#step-report pre")).to_have_text("would change 3 files on web-*\n")
             expect(page.locator("#node-check")).to_contain_text("success")  # the graph too
             assert page.evaluate("window.notReloaded") is True
             page.screenshot(path=tmp_path / "run-waiting.png", full_page=True)
