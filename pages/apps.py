@@ -7,3 +7,9 @@ class PagesConfig(AppConfig):
 
     default_auto_field = "django.db.models.BigAutoField"
     name = "pages"
+
+    def ready(self) -> None:
+        from django.contrib import admin
+
+        # The admin's "View site" link: these pages (the service's root has none).
+        admin.site.site_url = "/app/workflows/"

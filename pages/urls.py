@@ -1,11 +1,13 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
+from django.views.generic import RedirectView
 
 from pages import views
 
 app_name = "pages"
 
 urlpatterns = [
+    path("", RedirectView.as_view(pattern_name="pages:workflows"), name="home"),
     path(
         "login/",
         auth_views.LoginView.as_view(

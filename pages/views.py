@@ -113,6 +113,7 @@ def workflow_detail(request: HttpRequest, workflow_id: Any) -> HttpResponse:
             "document": document,
             "svg": graph.workflow_svg(document) if document is not None else "",
             "runs": runs,
+            "revisions": workflow.revisions.select_related("created_by").order_by("-number")[:HISTORY],
             "may_run": may(request.user, Action.RUN, workflow) and document is not None,
             "may_view_runs": may(request.user, Action.VIEW_RUNS, workflow),
         },

@@ -66,6 +66,13 @@ def test_the_workflow_page_draws_the_steps_and_numbers_the_runs(alice):
     assert re.findall(r">#(\d+)</a>", page) == ["2", "1"]  # newest first, numbered from the first
     assert "initializing" in page and ">alice<" in page
     assert f'href="/app/workflows/{workflow.pk}/run/"' in page
+    assert '<pre class="source">apiVersion: v1\nparameters:\n  target:\n    description:' in page  # indented
+
+
+def test_the_admin_links_to_the_pages(staff):
+    page = logged_in(staff).get("/admin/").content.decode()
+    assert '<a href="/app/workflows/">View site</a>' in page
+    assert logged_in(staff).get("/app/").url == "/app/workflows/"
 
 
 def test_another_user_without_permissions_sees_no_workflow_of_alice(alice, bob):
