@@ -2,6 +2,7 @@
 (workflows.permissions, as the API and the admin do), ask the engine, render."""
 
 import hashlib
+import json
 from datetime import datetime
 from typing import Any
 
@@ -147,6 +148,16 @@ def run_form(request: HttpRequest, workflow_id: Any) -> HttpResponse:
     return render(request, "pages/run_form.html", {"workflow": workflow, "form": form}, status=200)
 
 
+def evidence(run: WorkflowRun, before: tuple[str, ...]) -> list[tuple[str, str, str, str]]:
+    """What an approval approves: the steps before it, their status, message and outputs
+    (sensitive ones masked), as the admin's approval page shows them."""
+    rows = StepRun.objects.filter(run=run, name__in=before).order_by("index")
+    return [
+        (row.name, row.status, row.message, json.dumps(row.shown_outputs, indent=2, sort_keys=True))
+        for row in rows
+    ]
+
+
 def _run_context(request: HttpRequest, run: WorkflowRun) -> dict[str, Any]:
     steps = list(
         StepRun.objects.filter(run=run).defer("outputs", "state", "decorators").select_related("decided_by")
@@ -158,6 +169,8 @@ def _run_context(request: HttpRequest, run: WorkflowRun) -> dict[str, Any]:
         step.duration = duration(step.started_at, step.ended_at) if step.ended_at else ""  # type: ignore[attr-defined]
         step.waiting = step.kind == "approval" and step.status == StepStatus.IN_PROGRESS  # type: ignore[attr-defined]
         step.question = document.step(step.name).description if step.kind == "approval" else ""  # type: ignore[attr-defined]
+        if step.waiting:  # type: ignore[attr-defined]
+            step.evidence = evidence(run, document.step(step.name).after)  # type: ignore[attr-defined]
     shown = {step.name: (step.status, step.duration) for step in steps}  # type: ignore[attr-defined]
     complete = run.status == RunStatus.COMPLETE
     may_cancel = not complete and may(request.user, Action.CANCEL, run.workflow)

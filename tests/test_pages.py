@@ -24,6 +24,8 @@ parameters:
 steps:
 - name: a
   image: {NOOP}
+  spec:
+    outputs: {{changes: 3}}
 - name: gate
   type: approval
   description: Deploy it?
@@ -114,6 +116,9 @@ def test_an_approver_answers_on_the_run_page(waiting):
     approver = logged_in(with_perms("ann", "approve_steprun", "view_workflowrun"))
     page = approver.get(f"/app/runs/{waiting.run_id}/").content.decode()
     assert "gate</strong> waits for an answer: Deploy it?" in page and ">Approve</button>" in page
+    assert (
+        "After <strong>a</strong> (success), whose outputs are" in page and "&quot;changes&quot;: 3" in page
+    )
     response = approver.post(f"/app/runs/{waiting.run_id}/steps/gate/approve/", follow=True)
     assert "Approved: gate." in response.content.decode()
     waiting.refresh_from_db()
