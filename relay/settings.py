@@ -230,6 +230,9 @@ SPECTACULAR_SETTINGS = {
         "StepRunStatusEnum": "workflows.models.StepStatus",
         "WorkflowRunStatusEnum": "workflows.models.RunStatus",
         "WorkflowRunOutcomeEnum": "workflows.models.RunOutcome",
+        # A connection's setting and what its bridge reported share their choices.
+        "PuppetPlatformEnum": "puppet_connection.models.Platform",
+        "PuppetBackendEnum": "puppet_connection.models.Backend",
     },
 }
 

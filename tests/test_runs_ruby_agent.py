@@ -229,3 +229,59 @@ def session_list(url: str, token: str, **headers: str) -> list[dict]:
     )
     assert answer.status_code == 200, answer.text
     return answer.json()["runs"]
+
+
+def test_the_agent_runs_a_published_task_run_and_a_plan_run_without_an_environment(
+    live_server, token, pe, tmp_path
+):
+    """What the published task-run-start and plan-run-start POST (with `environment: null`,
+    as they send when their spec has none) is read by the agent and sent to the orchestrator
+    as its own code sends it: command/task with the scope, command/plan_run; the environment
+    is the agent's Puppet[:environment]."""
+    client = requests.Session()
+    client.headers["Authorization"] = f"Bearer {token}"
+    bodies = [
+        {
+            "type": "task-run",
+            "environment": None,
+            "scope": {"nodes": ["web1.example.com"]},
+            "name": "package",
+            "params": {"name": "nginx", "action": "status"},
+            "noop": False,
+            "targets": [],
+        },
+        {"type": "plan-run", "environment": None, "name": "app::deploy", "params": {"version": "2"}},
+    ]
+    ids = []
+    for body in bodies:
+        created = client.post(f"{live_server.url}/_puppet/runs", json=body, timeout=10)
+        assert created.status_code == 201, created.text
+        ids.append(created.json()["id"])
+    pe.script = ["running", "finished"]  # a plan job ends `success` (the stand-in's plan states)
+    backend = Orchestrator(OrchestratorAPI(pe.url, pe.token, pe.ca))
+    agent = Agent(live_server.url, token, backend, tmp_path / "relay", speed=SPEED)
+    thread = agent.start()
+    try:
+        done = wait_until(lambda: Run.objects.filter(pk__in=ids, status=Status.COMPLETE).count() == 2, 15)
+    finally:
+        agent.stopping.set()
+        thread.join(10)
+    assert agent.exited is None, repr(agent.exited)
+    assert done
+    task, plan = (Run.objects.get(pk=i) for i in ids)
+    assert (task.outcome, plan.outcome) == ("finished", "success")
+    [command] = [s for s in pe.seen if s["method"] == "POST" and s["path"].endswith("/command/task")]
+    assert command["body"] == {
+        "environment": "production",
+        "scope": {"nodes": ["web1.example.com"]},
+        "task": "package",
+        "params": {"name": "nginx", "action": "status"},
+        "noop": False,
+        "targets": [],
+    }
+    [command] = [s for s in pe.seen if s["method"] == "POST" and s["path"].endswith("/command/plan_run")]
+    assert command["body"] == {
+        "environment": "production",
+        "plan_name": "app::deploy",
+        "params": {"version": "2"},
+    }
