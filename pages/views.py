@@ -1,7 +1,9 @@
 """The workflow and run pages. Views are thin: fetch what the user may see
 (workflows.permissions, as the API and the admin do), ask the engine, render."""
 
+import difflib
 import hashlib
+import itertools
 import json
 from datetime import datetime
 from typing import Any
@@ -20,7 +22,16 @@ from pages import graph
 from pages.forms import RunForm
 from workflows import engine
 from workflows.dialect.problems import DocumentError
-from workflows.models import Conflict, OverBudget, RunStatus, StepRun, StepStatus, Workflow, WorkflowRun
+from workflows.models import (
+    Conflict,
+    OverBudget,
+    RunStatus,
+    StepRun,
+    StepStatus,
+    Workflow,
+    WorkflowRevision,
+    WorkflowRun,
+)
 from workflows.permissions import Action, may, runs_for, workflows_for
 
 HISTORY = 50  # runs listed on a workflow's page
@@ -76,6 +87,24 @@ def started_by(run: WorkflowRun) -> str:
     return "—"
 
 
+def with_changes(revisions: list[WorkflowRevision]) -> list[WorkflowRevision]:
+    """The revisions, newest first, less the last (one more than shown is asked for), each with
+    `changes`: its document's differences from the revision before it, as (css class, line)."""
+    for revision, before in itertools.pairwise(revisions):
+        lines = difflib.unified_diff(
+            before.source.splitlines(),
+            revision.source.splitlines(),
+            f"revision {before.number}",
+            f"revision {revision.number}",
+            lineterm="",
+        )
+        revision.changes = [(DIFF_CLASSES.get(line[:1], ""), line) for line in lines]  # type: ignore[attr-defined]
+    return revisions[:HISTORY]
+
+
+DIFF_CLASSES = {"+": "added", "-": "removed", "@": "hunk"}
+
+
 def _workflow(request: HttpRequest, workflow_id: Any) -> Workflow:
     return get_object_or_404(
         workflows_for(request.user, Workflow.objects.select_related("owner")), pk=workflow_id
@@ -114,7 +143,9 @@ def workflow_detail(request: HttpRequest, workflow_id: Any) -> HttpResponse:
             "document": document,
             "svg": graph.workflow_svg(document) if document is not None else "",
             "runs": runs,
-            "revisions": workflow.revisions.select_related("created_by").order_by("-number")[:HISTORY],
+            "revisions": with_changes(
+                list(workflow.revisions.select_related("created_by").order_by("-number")[: HISTORY + 1])
+            ),
             "may_run": may(request.user, Action.RUN, workflow) and document is not None,
             "may_view_runs": may(request.user, Action.VIEW_RUNS, workflow),
         },

@@ -71,6 +71,14 @@ def test_the_workflow_page_draws_the_steps_and_numbers_the_runs(alice):
     assert '<pre class="source">apiVersion: v1\nparameters:\n  target:\n    description:' in page  # indented
 
 
+def test_each_revision_says_what_changed_from_the_one_before(alice):
+    workflow = make_workflow(alice, SOURCE)
+    workflow.add_revision(SOURCE.replace("default: 2", "default: 4"), alice)
+    page = logged_in(alice).get(f"/app/workflows/{workflow.pk}/").content.decode()
+    assert "What changed from revision 1" in page and "What changed from revision 0" not in page
+    assert '<span class="removed">-    default: 2</span>\n<span class="added">+    default: 4</span>' in page
+
+
 def test_the_admin_links_to_the_pages(staff):
     page = logged_in(staff).get("/admin/").content.decode()
     assert '<a href="/app/workflows/">View site</a>' in page
