@@ -11,9 +11,8 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required as _login_required
 from django.core.exceptions import PermissionDenied
-from django.db.models import F, QuerySet, Window
-from django.db.models.functions import RowNumber
-from django.http import Http404, HttpRequest, HttpResponse
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
@@ -25,6 +24,7 @@ from workflows.dialect.problems import DocumentError
 from workflows.models import (
     Conflict,
     OverBudget,
+    RunOutcome,
     RunStatus,
     StepRun,
     StepStatus,
@@ -57,21 +57,28 @@ def run_status(run: WorkflowRun) -> str:
     return run.outcome if run.status == RunStatus.COMPLETE and run.outcome else run.status
 
 
-def numbered(workflow: Workflow) -> QuerySet[WorkflowRun]:
-    """The workflow's runs, newest first, each with its `number`: #1 is its first run."""
-    return (
-        WorkflowRun.objects.filter(workflow=workflow)
-        .annotate(number=Window(RowNumber(), order_by=[F("created_at").asc(), F("id").asc()]))
-        .select_related("created_by", "event", "schedule", "parent_step__run")
-        .order_by("-created_at", "-id")
+# The words a run's status is shown and filtered by: its status until complete, then its outcome.
+STATUS_WORDS = (RunStatus.INITIALIZING, RunStatus.IN_PROGRESS, *RunOutcome.values)
+
+
+def numbered(workflow: Workflow, status_word: str = "") -> QuerySet[WorkflowRun]:
+    """The workflow's runs, newest first, each with its `number` (#1 is its first run, however
+    they are filtered), those with `status_word` only when given."""
+    earlier = WorkflowRun.objects.filter(workflow=OuterRef("workflow")).filter(
+        Q(created_at__lt=OuterRef("created_at"))
+        | Q(created_at=OuterRef("created_at"), id__lte=OuterRef("id"))
     )
-
-
-def number_of(run: WorkflowRun) -> int:
+    runs = WorkflowRun.objects.filter(workflow=workflow)
+    if status_word in RunOutcome.values:
+        runs = runs.filter(status=RunStatus.COMPLETE, outcome=status_word)
+    elif status_word:
+        runs = runs.filter(status=status_word)
     return (
-        WorkflowRun.objects.filter(workflow_id=run.workflow_id, created_at__lte=run.created_at)
-        .exclude(created_at=run.created_at, id__gt=run.id)
-        .count()
+        runs.annotate(
+            number=Subquery(earlier.order_by().values("workflow").annotate(n=Count("id")).values("n"))
+        )
+        .select_related("created_by")
+        .order_by("-created_at", "-id")
     )
 
 
@@ -127,9 +134,12 @@ def workflow_detail(request: HttpRequest, workflow_id: Any) -> HttpResponse:
     workflow = _workflow(request, workflow_id)
     revision = workflow.latest_revision()
     document = engine.parsed(revision.pk) if revision is not None else None
+    wanted = request.GET.get("status", "")
+    if wanted and wanted not in STATUS_WORDS:
+        return HttpResponseBadRequest(f"No status {wanted!r}: one of {', '.join(STATUS_WORDS)}.")
     runs = []
     if may(request.user, Action.VIEW_RUNS, workflow):
-        for run in numbered(workflow)[:HISTORY]:
+        for run in numbered(workflow, wanted)[:HISTORY]:
             run.status_word = run_status(run)  # type: ignore[attr-defined]
             run.duration = duration(run.started_at, run.ended_at)  # type: ignore[attr-defined]
             run.started_by = started_by(run)  # type: ignore[attr-defined]
@@ -148,6 +158,8 @@ def workflow_detail(request: HttpRequest, workflow_id: Any) -> HttpResponse:
             ),
             "may_run": may(request.user, Action.RUN, workflow) and document is not None,
             "may_view_runs": may(request.user, Action.VIEW_RUNS, workflow),
+            "status_words": STATUS_WORDS,
+            "wanted": wanted,
         },
     )
 
@@ -227,7 +239,7 @@ def _run_context(request: HttpRequest, run: WorkflowRun) -> dict[str, Any]:
 def run_detail(request: HttpRequest, run_id: Any) -> HttpResponse:
     run = _run(request, run_id)
     context = _run_context(request, run)
-    context["number"] = number_of(run)
+    context["number"] = numbered(run.workflow).get(pk=run.pk).number
     return render(request, "pages/run_detail.html", context)
 
 

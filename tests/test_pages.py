@@ -85,6 +85,22 @@ def test_the_admin_links_to_the_pages(staff):
     assert logged_in(staff).get("/app/").url == "/app/workflows/"
 
 
+def test_the_runs_filtered_by_status_keep_their_numbers(alice):
+    workflow = make_workflow(alice, SOURCE)
+    for outcome in ["failure", "success", "failure", ""]:
+        run = engine.create_run(workflow, {"target": "web"}, created_by=alice)
+        if outcome:
+            run.finish(outcome)
+    client = logged_in(alice)
+    page = client.get(f"/app/workflows/{workflow.pk}/?status=failure").content.decode()
+    assert re.findall(r">#(\d+)</a>", page) == ["3", "1"]
+    page = client.get(f"/app/workflows/{workflow.pk}/?status=initializing").content.decode()
+    assert re.findall(r">#(\d+)</a>", page) == ["4"]
+    assert client.get(f"/app/workflows/{workflow.pk}/?status=done").status_code == 400
+    run = WorkflowRun.objects.get(outcome="success")
+    assert "wf</a> #2</h1>" in client.get(f"/app/runs/{run.pk}/").content.decode()
+
+
 def test_another_user_without_permissions_sees_no_workflow_of_alice(alice, bob):
     workflow = make_workflow(alice, SOURCE)
     assert logged_in(bob).get(f"/app/workflows/{workflow.pk}/").status_code == 404
