@@ -38,11 +38,17 @@ def quoted(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+# Past this many steps the graph runs down the page rather than across: a long workflow
+# scrolls as the page does, its boxes at their size, instead of shrinking to fit the width.
+ACROSS_AT_MOST = 12
+
+
 def dot_source(nodes: Sequence[Node], edges: Sequence[tuple[str, str, bool]]) -> str:
     """`edges`: (before, after, whether `after` reads `before`'s status whatever it was)."""
+    direction = "LR" if len(nodes) <= ACROSS_AT_MOST else "TB"
     lines = [
         "digraph steps {",
-        '  graph [rankdir=LR, bgcolor="transparent", nodesep=0.3, ranksep=0.5];',
+        f'  graph [rankdir={direction}, bgcolor="transparent", nodesep=0.3, ranksep=0.5];',
         '  node [shape=box, style="rounded,filled", fontname="sans-serif", fontsize=11,'
         ' fillcolor="#ffffff"];',
         '  edge [color="#666666", arrowsize=0.7];',

@@ -12,6 +12,7 @@ urlpatterns = [
         "login/",
         auth_views.LoginView.as_view(
             template_name="admin/login.html",
+            next_page="pages:workflows",  # without ?next=
             extra_context={"site_header": "Relay for Puppet", "site_title": "Relay", "title": "Log in"},
         ),
         name="login",

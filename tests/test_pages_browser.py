@@ -108,6 +108,7 @@ def test_made_from_yaml_started_from_the_form_watched_live_and_approved_on_the_p
             expect(page.locator("h1")).to_have_text("deploy #1")
             page.evaluate("window.notReloaded = true")
             assert page.locator("#approval-approve-deploy").count() == 0  # `check` takes 2 s
+            page.click("#step-report summary")  # its log, opened before the step starts
             approval = page.locator("#approval-approve-deploy")
             expect(approval).to_contain_text("waits for an answer: Deploy to the nodes?", timeout=30_000)
             expect(page.locator("#row-check")).to_contain_text("success")
@@ -247,3 +248,39 @@ def test_a_run_cancelled_from_its_page_and_a_failed_one_say_so(
         ("cancelled", "ops"),
         ("failure", "ops"),
     ]
+
+
+def test_fifty_steps_are_drawn_readable_and_each_reachable_from_the_keyboard(
+    live_server, browser: BrowserThread, tmp_path: Path
+):
+    steps = "".join(
+        f"- name: step-{i:02d}\n  image: {NOOP}\n" + (f"  dependsOn: step-{i - 5:02d}\n" if i >= 5 else "")
+        for i in range(50)
+    )
+    owner = User.objects.create_user("ops", password="ops-password-1")
+    workflow = make_workflow(owner, f"apiVersion: v1\nsteps:\n{steps}", "big")
+    run = engine.create_run(workflow, {}, created_by=owner)
+    url = live_server.url
+
+    def journey(browser: Browser) -> list[float]:
+        page = browser.new_page()
+        try:
+            log_in(page, url, "ops", "ops-password-1")
+            expect(page.locator("h1")).to_have_text("Workflows")
+            page.goto(f"{url}/app/runs/{run.pk}/")
+            expect(page.locator(".graph g.node")).to_have_count(50)
+            page.screenshot(path=tmp_path / "run-50-steps.png", full_page=True)
+            # The workflow's page draws it the same, and holds still (a run's page is live).
+            page.goto(f"{url}/app/workflows/{workflow.pk}/")
+            heights = []
+            for i in range(50):
+                node = page.locator(f"#node-step-{i:02d}")
+                node.locator("a").focus()  # each step's link takes the focus, and scrolls into view
+                assert page.evaluate("document.activeElement.closest('g.node').id") == f"node-step-{i:02d}"
+                heights.append(node.locator("text").first.bounding_box()["height"])
+            return heights
+        finally:
+            page.close()
+
+    heights = browser.run(journey)
+    assert min(heights) >= 12  # pixels: dot's 11-point labels at their size, never shrunk to fit
