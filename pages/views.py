@@ -11,7 +11,7 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required as _login_required
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
@@ -61,25 +61,41 @@ def run_status(run: WorkflowRun) -> str:
 STATUS_WORDS = (RunStatus.INITIALIZING, RunStatus.IN_PROGRESS, *RunOutcome.values)
 
 
-def numbered(workflow: Workflow, status_word: str = "") -> QuerySet[WorkflowRun]:
-    """The workflow's runs, newest first, each with its `number` (#1 is its first run, however
-    they are filtered), those with `status_word` only when given."""
-    earlier = WorkflowRun.objects.filter(workflow=OuterRef("workflow")).filter(
-        Q(created_at__lt=OuterRef("created_at"))
-        | Q(created_at=OuterRef("created_at"), id__lte=OuterRef("id"))
-    )
+def runs_of(workflow: Workflow, status_word: str = "") -> QuerySet[WorkflowRun]:
+    """The workflow's runs, newest first, those with `status_word` only when given."""
     runs = WorkflowRun.objects.filter(workflow=workflow)
     if status_word in RunOutcome.values:
         runs = runs.filter(status=RunStatus.COMPLETE, outcome=status_word)
     elif status_word:
         runs = runs.filter(status=status_word)
-    return (
-        runs.annotate(
-            number=Subquery(earlier.order_by().values("workflow").annotate(n=Count("id")).values("n"))
-        )
-        .select_related("created_by")
-        .order_by("-created_at", "-id")
+    return runs.select_related("created_by").order_by("-created_at", "-id")
+
+
+def not_after(run: WorkflowRun) -> Q:
+    """Runs created before `run`, or with it: #1 is a workflow's first run."""
+    return Q(created_at__lt=run.created_at) | Q(created_at=run.created_at, id__lte=run.id)
+
+
+def number(rows: list[WorkflowRun]) -> None:
+    """Give each of `rows` (one workflow's, newest first) its `number`, with two queries
+    whatever the workflow's history: the runs before the oldest row are counted, and those
+    from it to the newest listed (a filtered list's rows are not consecutive)."""
+    if not rows:
+        return
+    oldest, newest = rows[-1], rows[0]
+    runs = WorkflowRun.objects.filter(workflow_id=oldest.workflow_id)
+    before = runs.filter(not_after(oldest)).count() - 1
+    keys = runs.filter(created_at__gte=oldest.created_at, created_at__lte=newest.created_at).order_by(
+        "created_at", "id"
     )
+    within = [
+        pk
+        for created_at, pk in keys.values_list("created_at", "id")
+        if (created_at, pk) >= (oldest.created_at, oldest.id)
+    ]
+    position = {pk: before + i + 1 for i, pk in enumerate(within)}
+    for row in rows:
+        row.number = position[row.pk]  # type: ignore[attr-defined]
 
 
 def started_by(run: WorkflowRun) -> str:
@@ -139,7 +155,9 @@ def workflow_detail(request: HttpRequest, workflow_id: Any) -> HttpResponse:
         return HttpResponseBadRequest(f"No status {wanted!r}: one of {', '.join(STATUS_WORDS)}.")
     runs = []
     if may(request.user, Action.VIEW_RUNS, workflow):
-        for run in numbered(workflow, wanted)[:HISTORY]:
+        shown = list(runs_of(workflow, wanted)[:HISTORY])
+        number(shown)
+        for run in shown:
             run.status_word = run_status(run)  # type: ignore[attr-defined]
             run.duration = duration(run.started_at, run.ended_at)  # type: ignore[attr-defined]
             run.started_by = started_by(run)  # type: ignore[attr-defined]
@@ -239,7 +257,7 @@ def _run_context(request: HttpRequest, run: WorkflowRun) -> dict[str, Any]:
 def run_detail(request: HttpRequest, run_id: Any) -> HttpResponse:
     run = _run(request, run_id)
     context = _run_context(request, run)
-    context["number"] = numbered(run.workflow).get(pk=run.pk).number
+    context["number"] = WorkflowRun.objects.filter(workflow_id=run.workflow_id).filter(not_after(run)).count()
     return render(request, "pages/run_detail.html", context)
 
 
