@@ -3,12 +3,15 @@ on the server (no layout of our own, no JavaScript). Each step is a link to its 
 page (so Tab and Enter walk the graph), and says its status in words as well as in colour."""
 
 import functools
+import logging
 import re
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from workflows.dialect.workflow import Workflow as ParsedWorkflow
+
+log = logging.getLogger(__name__)
 
 DOT = "/usr/bin/dot"
 
@@ -102,4 +105,12 @@ def workflow_svg(document: ParsedWorkflow, steps: Mapping[str, tuple[str, str]] 
         )
         edges += [(before, step.name, False) for before in step.needs]
         edges += [(before, step.name, True) for before in step.status_of if before not in step.needs]
-    return svg_of(dot_source(nodes, edges))
+    try:
+        return svg_of(dot_source(nodes, edges))
+    except (OSError, subprocess.SubprocessError) as exc:
+        # The steps' table says it all in words; the picture waits for Graphviz.
+        log.warning("graphviz's dot could not draw a workflow: %s", exc)
+        return (
+            f'<p class="help">No picture: Graphviz\'s <code>{DOT}</code> could not draw it'
+            " (is graphviz installed?).</p>"
+        )

@@ -16,7 +16,6 @@ from relay.models import UserToken
 from relay.server import ThreadedServer
 from tests.bao import BaoDevServer
 from tests.bridge_helpers import Service
-from tests.browser import BrowserThread
 from tests.puppetserver import PuppetServer
 from tests.script_helpers import EngineWorker, StandIn, running_script_workers
 from tests.sshd import Sshd
@@ -60,9 +59,11 @@ def live_server(django_db_setup, django_db_blocker) -> Iterator[LiveServer]:
 
 
 @pytest.fixture(scope="session")
-def browser() -> Iterator[BrowserThread]:
-    """The session's headless Chromium (tests/browser.py), started by the first test that
-    needs it."""
+def browser() -> Iterator[Any]:
+    """The session's headless Chromium (tests/browser.py's BrowserThread), started by the first
+    test that needs it."""
+    from tests.browser import BrowserThread  # Playwright is imported by the tests that use it
+
     thread = BrowserThread()
     yield thread
     thread.stop()

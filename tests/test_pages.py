@@ -101,6 +101,18 @@ def test_the_runs_filtered_by_status_keep_their_numbers(alice):
     assert "wf</a> #2</h1>" in client.get(f"/app/runs/{run.pk}/").content.decode()
 
 
+def test_without_graphviz_the_pages_show_the_steps_in_words(alice, monkeypatch):
+    from pages import graph
+
+    monkeypatch.setattr(graph, "DOT", "/nonexistent/dot")
+    graph.svg_of.cache_clear()
+    run = engine.create_run(make_workflow(alice, SOURCE), {"target": "web"}, created_by=alice)
+    page = logged_in(alice).get(f"/app/runs/{run.pk}/").content.decode()
+    assert "No picture: Graphviz&#x27;s" not in page  # (the message is markup, not escaped text)
+    assert "No picture: Graphviz's <code>/nonexistent/dot</code> could not draw it" in page
+    assert '<tr id="row-gate">' in page
+
+
 def test_another_user_without_permissions_sees_no_workflow_of_alice(alice, bob):
     workflow = make_workflow(alice, SOURCE)
     assert logged_in(bob).get(f"/app/workflows/{workflow.pk}/").status_code == 404
