@@ -6,10 +6,8 @@ when the script ends."""
 from scriptsteps import services
 from scriptsteps.models import ScriptRun
 from workflows.steps.base import Done, Outcome, StepContext
-from workflows.steps.registry import register
 
 
-@register(services.CORE)
 class ScriptStep:
     image = services.CORE
 

@@ -25,7 +25,8 @@ from django.conf import settings
 from django.db import OperationalError, transaction
 from django.utils import timezone
 
-from scriptsteps import container, network, sandbox, tasks
+from relay import dispatch
+from scriptsteps import container, network, sandbox
 from scriptsteps.masking import Masker, strings_in
 from scriptsteps.models import ScriptRun, ScriptStatus
 from stepruntime.credentials import grant
@@ -114,7 +115,7 @@ def queue(step_run_id: str) -> ScriptRun:
 def _send(step_run_id: str) -> None:
     def send() -> None:
         try:
-            tasks.run_script.apply_async(args=[str(step_run_id)])
+            dispatch.publish("scriptsteps.tasks.run_script", str(step_run_id))
         except Exception:
             # The step's check sends it again at its recheck time (follow()).
             log.warning("could not queue script of step %s", step_run_id, exc_info=True)

@@ -15,8 +15,8 @@ from django.utils import timezone
 
 from connections.services import resolve_connection
 from runs.models import Run
+from workflows.steps import registry
 from workflows.steps.base import Done, StepContext, StepHandler, Wait
-from workflows.steps.handlers import HANDLERS
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class Step:
     seen: tuple | None = None
 
     def __post_init__(self) -> None:
-        self.handler = HANDLERS[self.image]()
+        self.handler = registry.HANDLERS[self.image]()
 
     def context(self) -> StepContext:
         spec = {}

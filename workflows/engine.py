@@ -1,6 +1,10 @@
 """The workflow engine: what moves a run along. Celery tasks (workflows.tasks) call these
-functions with ids; every bit of state is in the database, so any worker can pick up any run,
-a duplicated message does nothing twice, and a lost one is sent again by the sweeper.
+functions with ids, and the engine queues them by name (relay.dispatch), never importing
+them; every bit of state is in the database, so any worker can pick up any run, a
+duplicated message does nothing twice, and a lost one is sent again by the sweeper.
+
+The engine runs any step kind its registry (workflows.steps.registry) holds, and imports
+none: each kind registers itself from its app's AppConfig.ready().
 
 A run's life:
 
@@ -39,9 +43,8 @@ from django.db import models, transaction
 from django.db.models import Exists, Max, OuterRef
 from django.utils import timezone
 
-from relay import rows
+from relay import dispatch, rows
 from scriptsteps.masking import Masker  # a step's message masks what its log masks
-from workflows import tasks
 from workflows.dialect import validate
 from workflows.dialect.errors import EvaluationError
 from workflows.dialect.evaluate import Data, evaluate
@@ -68,6 +71,13 @@ from workflows.steps import registry
 from workflows.steps.base import Done, Outcome, StepContext, Wait
 
 log = logging.getLogger(__name__)
+
+# The tasks that call the engine (workflows.tasks), by their Celery names: it queues them
+# through relay.dispatch, never importing the module that imports it.
+START_RUN = "workflows.tasks.start_run"
+ADVANCE_RUN = "workflows.tasks.advance_run"
+START_STEP = "workflows.tasks.start_step"
+RESUME_STEP = "workflows.tasks.resume_step"
 
 
 # Documents -----------------------------------------------------------------------------------
@@ -260,7 +270,7 @@ def create_run(
         if problem:
             run.finish(RunOutcome.FAILURE, problem)
         else:
-            _queue(tasks.start_run, run.pk)
+            _queue(START_RUN, run.pk)
     log.info("workflow run %s of %s created", run.pk, workflow.pk)
     return run
 
@@ -346,7 +356,7 @@ def _advance(run_id: Any, requeue: bool, inline: bool) -> str | None:
     if inline and len(ready) == 1:
         return str(ready[0])
     for step_id in ready:
-        _queue(tasks.start_step, step_id)
+        _queue(START_STEP, step_id)
     return None
 
 
@@ -424,14 +434,14 @@ def follow(start: Callable[..., str | None], step_id: str) -> None:
     following = start(step_id, inline=True)
     while following is not None:
         if time.monotonic() >= deadline:
-            _queue(tasks.start_step, following)
+            _queue(START_STEP, following)
             return
         try:
             following = start_step(following, inline=True)
         except Exception:
             # Its own message's retry, as Celery would have made it (retry_backoff).
             log.warning("workflow step %s: start failed in line; sent again", following, exc_info=True)
-            _queue(tasks.start_step, following, countdown=1)
+            _queue(START_STEP, following, countdown=1)
             return
 
 
@@ -581,12 +591,12 @@ def _work(
         retry_after = min(2 ** max(step.attempts - 1, 0), 300)
         log.warning("workflow step %s: %s failed (attempt %d)", step.pk, phase, step.attempts, exc_info=True)
         if step.release(lease, f"Attempt {step.attempts} failed: {type(exc).__name__}: {exc}", retry_after):
-            _queue(tasks.resume_step, step.pk, countdown=retry_after)
+            _queue(RESUME_STEP, step.pk, countdown=retry_after)
         return None
     if isinstance(outcome, Done):
         return following
     if step.take_wake() or WorkflowRun.objects.filter(pk=run.pk, cancel_requested=True).exists():
-        _queue(tasks.resume_step, step.pk)
+        _queue(RESUME_STEP, step.pk)
     return None
 
 
@@ -633,7 +643,7 @@ def answer(step: StepRun, user: Any, approve: bool) -> None:
         step.approve(user)
     else:
         step.reject(user)
-    _queue(tasks.advance_run, step.run_id)
+    _queue(ADVANCE_RUN, step.run_id)
 
 
 def cancel_run(run: WorkflowRun) -> None:
@@ -658,7 +668,7 @@ def _stop(run: WorkflowRun) -> None:
         if step.kind == StepKind.APPROVAL:
             step.cancel_waiting("Cancelled with the run before anyone answered.")
         else:
-            _queue(tasks.resume_step, step.pk)  # takes the step from its worker, then cancels
+            _queue(RESUME_STEP, step.pk)  # takes the step from its worker, then cancels
     advance(run.pk)
 
 
@@ -691,7 +701,7 @@ def wake(kind: str, key: str) -> int:
         )
     )
     for step_id in ids:
-        _queue(tasks.resume_step, step_id)
+        _queue(RESUME_STEP, step_id)
     return len(ids)
 
 
@@ -709,13 +719,13 @@ def sweep(now: datetime | None = None) -> int:
     for run_id in WorkflowRun.objects.filter(status=RunStatus.INITIALIZING, created_at__lt=stuck).values_list(
         "pk", flat=True
     )[:1000]:
-        _queue(tasks.start_run, run_id)
+        _queue(START_RUN, run_id)
         queued += 1
     due = models.Q(status=StepStatus.IN_PROGRESS) & (
         models.Q(lease_until__lt=now) | models.Q(lease_id__isnull=True, recheck_at__lte=now)
     )
     for step_id in StepRun.objects.filter(due).order_by("recheck_at").values_list("pk", flat=True)[:1000]:
-        _queue(tasks.resume_step, step_id)
+        _queue(RESUME_STEP, step_id)
         queued += 1
     steps = StepRun.objects.filter(run=OuterRef("pk"))
     idle = (
@@ -729,7 +739,7 @@ def sweep(now: datetime | None = None) -> int:
         .order_by("last")
     )
     for run_id in idle.values_list("pk", flat=True)[:1000]:
-        _queue(tasks.advance_run, run_id, True)
+        _queue(ADVANCE_RUN, run_id, True)
         queued += 1
     if queued:
         log.info("workflow sweep queued %d", queued)
@@ -972,15 +982,15 @@ def context_of(step_id: str) -> StepContext:
 # Queueing ------------------------------------------------------------------------------------
 
 
-def _queue(task: Any, object_id: Any, *args: Any, countdown: float | None = None) -> None:
-    """Send a task after the current transaction commits (at once outside one), so no worker
-    looks for a row it cannot see yet. A broker that is down loses nothing: the sweeper
-    sends it again."""
+def _queue(task: str, object_id: Any, *args: Any, countdown: float | None = None) -> None:
+    """Send task `task` (its name: START_STEP…) after the current transaction commits (at
+    once outside one), so no worker looks for a row it cannot see yet. A broker that is down
+    loses nothing: the sweeper sends it again."""
 
     def send() -> None:
         try:
-            task.apply_async(args=[str(object_id), *args], countdown=countdown)
+            dispatch.publish(task, str(object_id), *args, countdown=countdown)
         except Exception:
-            log.warning("could not queue %s(%s); the sweeper will", task.name, object_id)
+            log.warning("could not queue %s(%s); the sweeper will", task, object_id)
 
     transaction.on_commit(send)

@@ -1,6 +1,6 @@
 """`relay-internal/noop`: a step that does (almost) nothing, for the engine's tests and
-bench/workflows.py. Registered only when WORKFLOW_NOOP_STEPS is on, which production never
-sets: its `sleep` holds a worker, and its `raise` fails on purpose.
+bench/workflows.py. Registered (WorkflowsConfig.ready) only when WORKFLOW_NOOP_STEPS is on,
+which production never sets: its `sleep` holds a worker, and its `raise` fails on purpose.
 
 Its spec, all optional:
 - `sleep`: seconds to spend in start (a step that takes time, to be killed mid-step);
@@ -19,15 +19,15 @@ from django.utils import timezone
 
 from runs.models import Run, Status
 from workflows.steps.base import Done, Outcome, StepContext, Wait
-from workflows.steps.registry import register
 
 log = logging.getLogger(__name__)
 
 IMAGE = "relay-internal/noop"
 
 
-@register(IMAGE)
 class NoopStep:
+    image = IMAGE
+
     def start(self, ctx: StepContext) -> Outcome:
         log.info("noop step %s (%s) started", ctx.step_name, ctx.step_run_id)
         spec = ctx.spec

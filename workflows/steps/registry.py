@@ -1,9 +1,12 @@
 """What the engine can run: step handlers by image name, and connections by type.
 
-A step's image is looked up without its tag or digest (base.image_name). Handlers are
-registered by the modules that define them, imported from `load()` below, so that the
-engine, the API and the admin all see the same list. An image with no handler ends its step
-`failure`, with a message naming the images that can run.
+The registry names no step kind: each kind registers itself, from its own app's
+AppConfig.ready() (the puppet and Slack steps from workflows', `relaysh/core` from
+scriptsteps'), so the engine, the API and the admin all see the same list and a new kind
+touches only its own module and its app's ready(). A step's image is looked up without its
+tag or digest (base.image_name). An image with no handler runs on the fallback, when one is
+registered (a container runtime: scriptsteps), else ends its step `failure`, with a message
+naming the images that can run.
 
 Connections: `!Connection {type, name}` resolves through connections.services: the value a
 step sees (for `puppet`, `{relayAPIURL, token}`), or None when the owner has no such
@@ -14,46 +17,26 @@ engine tries again.
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from django.conf import settings
-
 from connections import services as connections
 from workflows.steps.base import StepHandler, image_name
 
 HandlerFactory = Callable[[], StepHandler]
 
 HANDLERS: dict[str, HandlerFactory] = {}
-# Any other image, when a container runtime is configured (scriptsteps.handler sets it).
+# Any other image's handler, when one is registered (scriptsteps, with a container runtime).
 FALLBACK: list[HandlerFactory] = []
 
 
-def register(image: str) -> Callable[[HandlerFactory], HandlerFactory]:
-    """Decorator: `@register("relaysh/slack-step-message-send")` on a handler class."""
-
-    def add(factory: HandlerFactory) -> HandlerFactory:
-        HANDLERS[image_name(image)] = factory
-        return factory
-
-    return add
+def register(image: str, handler: HandlerFactory) -> None:
+    """`image` (any tag or digest) runs on `handler`, e.g. `register(MessageSend.image,
+    MessageSend)` from an app's ready(). A second registration of an image replaces the
+    first (ready() runs once a process; tests may register again)."""
+    HANDLERS[image_name(image)] = handler
 
 
-_loaded = False
-
-
-def load() -> None:
-    """Import the modules that register handlers (once). Called from WorkflowsConfig.ready()."""
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    from workflows.steps.handlers import HANDLERS as NATIVE  # the published images' steps
-
-    HANDLERS.update(NATIVE)
-    from scriptsteps import handler as scripts  # relaysh/core, and other images in containers
-
-    if settings.STEP_CONTAINER_RUNTIME:
-        FALLBACK[:] = [scripts.ContainerStep]
-    if settings.WORKFLOW_NOOP_STEPS:
-        from workflows.steps import noop  # noqa: F401  (registers on import)
+def register_fallback(handler: HandlerFactory) -> None:
+    """Every image no handler is registered for runs on `handler`."""
+    FALLBACK[:] = [handler]
 
 
 def handler_for(image: str) -> StepHandler | None:
