@@ -88,6 +88,7 @@ INSTALLED_APPS = [
     "workflows",
     "stepruntime",
     "scriptsteps",
+    "pages",
 ]
 
 MIDDLEWARE = [

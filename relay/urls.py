@@ -17,6 +17,8 @@ urlpatterns = [
     path("api/", include("workflows.api.urls")),
     path("_puppet/", include("runs.api.urls")),
     path("healthz", healthz, name="healthz"),
+    # The workflow and run pages (the step runtime API below has /workflows/ of its own).
+    path("app/", include("pages.urls")),
     # The step runtime API (relay-core's metadata API) for running steps, at the root.
     path("", include("stepruntime.urls")),
 ]

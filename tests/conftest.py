@@ -60,6 +60,17 @@ def live_server(django_db_setup, django_db_blocker) -> Iterator[LiveServer]:
 
 
 @pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    """The session's headless Chromium (tests/browser.py's BrowserThread), started by the first
+    test that needs it."""
+    from tests.browser import BrowserThread  # Playwright is imported by the tests that use it
+
+    thread = BrowserThread()
+    yield thread
+    thread.stop()
+
+
+@pytest.fixture(scope="session")
 def sshd(tmp_path_factory) -> Iterator[Sshd]:
     """A real OpenSSH server on loopback: the bridge's SSH backend's "nodes"."""
     server = Sshd(tmp_path_factory.mktemp("sshd")).start()

@@ -58,3 +58,6 @@ if os.environ.get("TEST_SLACK_CA_BUNDLE"):
 STATIC_ROOT = Path(tempfile.mkdtemp(prefix="relay-static-"))
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # speed, not security
 STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}  # noqa: F405
+# The live server serves the apps' static files (htmx, the pages' CSS) from where they are, as
+# `make run` serves what collectstatic gathered: the tests' STATIC_ROOT stays empty.
+WHITENOISE_USE_FINDERS = True

@@ -1,6 +1,8 @@
 """The workflows admin: the document edited in place with its errors under it, write-only
 secrets, run pages with their steps, and approvals answered only by approvers."""
 
+import re
+
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.test import Client
@@ -160,3 +162,25 @@ def test_the_approval_shows_what_the_dry_run_would_change_and_the_run_page_links
 
     page = logged_in(staff).get(f"/admin/workflows/workflowrun/{run.pk}/change/").content.decode()
     assert f'href="/admin/runs/run/{puppet_run.pk}/change/">{puppet_run.pk} (pending)</a>' in page
+
+
+PUSHED = VALID.replace("steps:\n", "triggers:\n- name: reports\n  source: {type: push}\nsteps:\n")
+
+
+def test_a_new_trigger_shows_its_first_token_once_on_the_page_that_saved_it(staff):
+    from triggers.models import Trigger
+
+    admin = logged_in(staff)
+    response = admin.post(ADD, form(staff, PUSHED))
+    assert response.status_code == 200  # no redirect: no URL to come back to
+    assert "no-store" in response["Cache-Control"]
+    page = response.content.decode()
+    token = re.search(r'<code class="relay-token"[^>]*>([^<]+)</code>', page).group(1)
+    trigger = Trigger.for_token(token)
+    assert trigger is not None and trigger.name == "reports"  # the one that works, never stored
+    workflow = Workflow.objects.get()
+    change = f"/admin/workflows/workflow/{workflow.pk}/change/"
+    assert token not in admin.get(change).content.decode()
+    # Saved again unchanged: no new trigger, an ordinary save.
+    assert admin.post(change, form(staff, PUSHED)).status_code == 302
+    assert Trigger.for_token(token) == trigger

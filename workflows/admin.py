@@ -18,6 +18,7 @@ from django.contrib.auth import get_user_model
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.decorators import method_decorator
 from django.utils.html import format_html, format_html_join
@@ -274,22 +275,44 @@ class WorkflowAdmin(admin.ModelAdmin):
         source = form.cleaned_data["source"]
         if latest is None or latest.source != source:
             revision = obj.add_revision(source, request.user)
-            for trigger in revision.new_triggers:
-                # Its token is not shown here (a message would keep it in a cookie): the
-                # trigger's page makes one to copy.
-                link = reverse(
-                    "admin:triggers_trigger_change", args=[obj.push_triggers.get(name=trigger.name).pk]
-                )
-                self.message_user(
-                    request,
-                    format_html(
-                        'Made {} trigger {}: <a href="{}">regenerate its token</a> to copy one.',
-                        trigger.kind,
-                        trigger.name,
-                        link,
-                    ),
-                    messages.WARNING,
-                )
+            # Their tokens are shown once, on the page that answers this POST (response_add,
+            # response_change): never in a message, which a cookie would keep.
+            request._relay_new_triggers = revision.new_triggers  # type: ignore[attr-defined]
+
+    def response_add(
+        self, request: HttpRequest, obj: Workflow, post_url_continue: str | None = None
+    ) -> HttpResponse:
+        made = getattr(request, "_relay_new_triggers", ())
+        return (
+            self._reveal(request, obj, made)
+            if made
+            else super().response_add(request, obj, post_url_continue)
+        )
+
+    def response_change(self, request: HttpRequest, obj: Workflow) -> HttpResponse:
+        made = getattr(request, "_relay_new_triggers", ())
+        return self._reveal(request, obj, made) if made else super().response_change(request, obj)
+
+    def _reveal(self, request: HttpRequest, workflow: Workflow, made: tuple) -> HttpResponse:
+        """The one page that shows the new triggers' first tokens (as a connection's is shown
+        at its creation). It answers the POST, so there is no URL to come back to; no-store
+        keeps it out of the browser's cache."""
+        pks = dict(workflow.push_triggers.filter(name__in=[t.name for t in made]).values_list("name", "pk"))
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "original": workflow,
+            "title": "Copy the new triggers' tokens now",
+            "triggers": [
+                (trigger, reverse("admin:triggers_trigger_change", args=[pks[trigger.name]]))
+                for trigger in made
+                if trigger.name in pks
+            ],
+            "change_url": reverse("admin:workflows_workflow_change", args=[workflow.pk]),
+        }
+        response = TemplateResponse(request, "admin/workflows/new_trigger_tokens.html", context)
+        response["Cache-Control"] = "no-store"
+        return response
 
     def save_formset(self, request: HttpRequest, form: WorkflowForm, formset: Any, change: bool) -> None:
         if formset.model is not WorkflowSecret:

@@ -1,4 +1,4 @@
-// The admin's run page: each script step's log grows while the step runs. It asks the API
+// The admin's run page and the pages' (pages/): each script step's log grows while the step runs. It asks the API
 // (the admin's own session) for what came after what it shows, every 1.5 s, until the step
 // has ended and everything was read.
 (function () {
@@ -30,5 +30,18 @@
 
   document.addEventListener("DOMContentLoaded", function () {
     document.querySelectorAll("pre[data-log-url][data-follow]").forEach(follow);
+    // A log in a closed <details> (the run pages: one per step, 50 steps would be 50 pollers)
+    // is followed from when it is first opened.
+    document.querySelectorAll("details > pre[data-log-url][data-follow-when-open]").forEach(function (pre) {
+      var details = pre.parentNode;
+      function start() {
+        if (details.open && !pre.dataset.followed) {
+          pre.dataset.followed = "true";
+          follow(pre);
+        }
+      }
+      details.addEventListener("toggle", start);
+      start();
+    });
   });
 })();

@@ -1,0 +1,186 @@
+"""The workflow and run pages, through Django's test client: what each shows and who may do
+what (workflows.permissions, as the API and the admin). tests/test_pages_browser.py drives
+them in a real browser."""
+
+import re
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+
+from tests.workflow_helpers import NOOP, make_workflow, steps_of, waiting_at_gate
+from workflows import engine
+from workflows.models import WorkflowRun
+
+SOURCE = f"""apiVersion: v1
+parameters:
+  target:
+    description: The nodes to deploy to
+  retries:
+    description: How many times to try
+    default: 2
+  note:
+    default: hello
+steps:
+- name: a
+  image: {NOOP}
+  spec:
+    outputs: {{changes: 3}}
+- name: gate
+  type: approval
+  description: Deploy it?
+  dependsOn: a
+- name: deploy
+  image: {NOOP}
+  dependsOn: gate
+"""
+
+
+def logged_in(user: User) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def with_perms(name: str, *codenames: str) -> User:
+    user = User.objects.create_user(name, is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
+    return user
+
+
+def test_a_page_needs_a_login_and_any_active_user_may_log_in(alice):
+    assert Client().get("/app/workflows/").url.startswith("/app/login/")
+    client = Client()
+    response = client.post(
+        "/app/login/?next=/app/workflows/", {"username": "alice", "password": "alice-password-1"}
+    )
+    assert response.url == "/app/workflows/"  # not staff: the admin's own login would refuse her
+    assert client.get("/app/workflows/").status_code == 200
+
+
+def test_the_workflow_page_draws_the_steps_and_numbers_the_runs(alice):
+    workflow = make_workflow(alice, SOURCE)
+    for _ in range(2):
+        engine.create_run(workflow, {"target": "web"}, created_by=alice)
+    page = logged_in(alice).get(f"/app/workflows/{workflow.pk}/").content.decode()
+    svg = page[page.index("<svg") : page.index("</svg>")]
+    assert "<title>gate</title>" in svg and 'href="#row-gate"' in svg and "approval" in svg  # dot drew it
+    assert re.findall(r">#(\d+)</a>", page) == ["2", "1"]  # newest first, numbered from the first
+    assert "initializing" in page and ">alice<" in page
+    assert f'href="/app/workflows/{workflow.pk}/run/"' in page
+    assert '<pre class="source">apiVersion: v1\nparameters:\n  target:\n    description:' in page  # indented
+
+
+def test_each_revision_says_what_changed_from_the_one_before(alice):
+    workflow = make_workflow(alice, SOURCE)
+    workflow.add_revision(SOURCE.replace("default: 2", "default: 4"), alice)
+    page = logged_in(alice).get(f"/app/workflows/{workflow.pk}/").content.decode()
+    assert "What changed from revision 1" in page and "What changed from revision 0" not in page
+    assert '<span class="removed">-    default: 2</span>\n<span class="added">+    default: 4</span>' in page
+
+
+def test_the_admin_links_to_the_pages(staff):
+    page = logged_in(staff).get("/admin/").content.decode()
+    assert '<a href="/app/workflows/">View site</a>' in page
+    assert logged_in(staff).get("/app/").url == "/app/workflows/"
+
+
+def test_the_runs_filtered_by_status_keep_their_numbers(alice):
+    workflow = make_workflow(alice, SOURCE)
+    for outcome in ["failure", "success", "failure", ""]:
+        run = engine.create_run(workflow, {"target": "web"}, created_by=alice)
+        if outcome:
+            run.finish(outcome)
+    client = logged_in(alice)
+    page = client.get(f"/app/workflows/{workflow.pk}/?status=failure").content.decode()
+    assert re.findall(r">#(\d+)</a>", page) == ["3", "1"]
+    page = client.get(f"/app/workflows/{workflow.pk}/?status=initializing").content.decode()
+    assert re.findall(r">#(\d+)</a>", page) == ["4"]
+    assert client.get(f"/app/workflows/{workflow.pk}/?status=done").status_code == 400
+    run = WorkflowRun.objects.get(outcome="success")
+    assert "wf</a> #2</h1>" in client.get(f"/app/runs/{run.pk}/").content.decode()
+
+
+def test_without_graphviz_the_pages_show_the_steps_in_words(alice, monkeypatch):
+    from pages import graph
+
+    monkeypatch.setattr(graph, "DOT", "/nonexistent/dot")
+    graph.svg_of.cache_clear()
+    run = engine.create_run(make_workflow(alice, SOURCE), {"target": "web"}, created_by=alice)
+    page = logged_in(alice).get(f"/app/runs/{run.pk}/").content.decode()
+    assert "No picture: Graphviz&#x27;s" not in page  # (the message is markup, not escaped text)
+    assert "No picture: Graphviz's <code>/nonexistent/dot</code> could not draw it" in page
+    assert '<tr id="row-gate">' in page
+
+
+def test_another_user_without_permissions_sees_no_workflow_of_alice(alice, bob):
+    workflow = make_workflow(alice, SOURCE)
+    assert logged_in(bob).get(f"/app/workflows/{workflow.pk}/").status_code == 404
+    assert "wf" not in logged_in(bob).get("/app/workflows/").content.decode()
+
+
+def test_the_run_form_marks_required_parameters_and_puts_errors_next_to_the_field(alice):
+    workflow = make_workflow(alice, SOURCE)
+    client = logged_in(alice)
+    url = f"/app/workflows/{workflow.pk}/run/"
+    page = client.get(url).content.decode()
+    assert page.count("(required)") == 1 and "The nodes to deploy to" in page and 'value="2"' in page
+    page = client.post(url, {"target": "", "retries": "three", "note": "hi"}).content.decode()
+    assert '<ul class="errorlist" id="id_target-errors"><li>A required parameter has no value.</li>' in page
+    assert '<ul class="errorlist" id="id_retries-errors"><li>Not a number: write it as JSON' in page
+    assert not WorkflowRun.objects.exists()
+    response = client.post(url, {"target": "web", "retries": "3", "note": ""})
+    run = WorkflowRun.objects.get()
+    assert response.url == f"/app/runs/{run.pk}/"
+    assert run.parameters == {"target": "web", "retries": 3, "note": "hello"}
+
+
+def test_only_the_owner_may_start_a_run(alice):
+    workflow = make_workflow(alice, SOURCE)
+    viewer = logged_in(with_perms("vic", "view_workflow", "view_workflowrun"))
+    assert viewer.get(f"/app/workflows/{workflow.pk}/").status_code == 200
+    assert viewer.post(f"/app/workflows/{workflow.pk}/run/", {"target": "x"}).status_code == 403
+    assert not WorkflowRun.objects.exists()
+
+
+@pytest.fixture
+def waiting(alice):
+    return waiting_at_gate(engine.create_run(make_workflow(alice, SOURCE), {"target": "web"}))
+
+
+def test_an_approver_answers_on_the_run_page(waiting):
+    approver = logged_in(with_perms("ann", "approve_steprun", "view_workflowrun"))
+    page = approver.get(f"/app/runs/{waiting.run_id}/").content.decode()
+    assert "gate</strong> waits for an answer: Deploy it?" in page and ">Approve</button>" in page
+    assert (
+        "After <strong>a</strong> (success), whose outputs are" in page and "&quot;changes&quot;: 3" in page
+    )
+    response = approver.post(f"/app/runs/{waiting.run_id}/steps/gate/approve/", follow=True)
+    assert "Approved: gate." in response.content.decode()
+    waiting.refresh_from_db()
+    assert (waiting.status, waiting.decision, waiting.decided_by.username) == ("success", "approved", "ann")
+
+
+def test_without_the_permission_there_is_no_button_and_the_server_refuses(waiting):
+    viewer = logged_in(with_perms("vic", "view_workflowrun"))
+    page = viewer.get(f"/app/runs/{waiting.run_id}/").content.decode()
+    assert ">Approve</button>" not in page and "someone who may approve must answer it" in page
+    assert viewer.post(f"/app/runs/{waiting.run_id}/steps/gate/approve/").status_code == 403
+    waiting.refresh_from_db()
+    assert waiting.status == "in-progress"
+
+
+def test_the_live_part_stops_asking_once_the_run_is_complete(waiting, alice):
+    owner = logged_in(alice)
+    live = owner.get(f"/app/runs/{waiting.run_id}/live/").content.decode()
+    assert 'hx-trigger="every 1s"' in live and ">Cancel run</button>" in live
+    version = re.search(r'"X-Live-Version": "(\w+)"', live).group(1)
+    unchanged = owner.get(f"/app/runs/{waiting.run_id}/live/", headers={"X-Live-Version": version})
+    assert unchanged.status_code == 204  # nothing to swap: htmx leaves the page (and its focus) alone
+    owner.post(f"/app/runs/{waiting.run_id}/cancel/")
+    engine.advance(waiting.run_id)
+    live = owner.get(
+        f"/app/runs/{waiting.run_id}/live/", headers={"X-Live-Version": version}
+    ).content.decode()
+    assert "hx-trigger" not in live and "cancelled" in live and "Cancel run" not in live
+    assert steps_of(waiting.run)["deploy"].status == "skipped"
