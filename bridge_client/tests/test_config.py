@@ -225,7 +225,8 @@ def test_puppetdb_over_https_defaults_to_the_agent_s_certificate_key_and_ca(tmp_
     """As the module does for puppetserver: the agent's ssldir and certname, as Puppet says."""
     import subprocess
 
-    from relay_bridge.puppetdb import QueryScoped, connect
+    from relay_bridge.backends.query import QueryScoped
+    from relay_bridge.puppetdb import connect
 
     def setting(name: str) -> str:
         argv = ["puppet", "config", "print", name, "--section", "agent"]

@@ -219,7 +219,8 @@ def make(config: Config, which: Any = shutil.which, pe: bool | None = None) -> B
     # The platform is what this host runs, whatever the backend (PE can be driven over SSH).
     backend.platform = "pe" if pe or name == "orchestrator" else "oss"
     if config.puppetdb_url and name != "orchestrator":  # the orchestrator asks PuppetDB itself
-        from relay_bridge.puppetdb import QueryScoped, connect
+        from relay_bridge.backends.query import QueryScoped
+        from relay_bridge.puppetdb import connect
 
         backend = QueryScoped(backend, connect(config))
     return backend
