@@ -359,7 +359,8 @@ def test_serve_s_prometheus_endpoint_counts_runs_and_api_errors(service, sshd, t
         finished = new_run(service, ["a"])
         failed = new_run(service, ["b"])
         assert (completed(finished).outcome, completed(failed).outcome) == ("finished", "failed")
-        text = wait_for(lambda: _metrics(port), 10)
+        # The gauge of runs held drops just after the completion is counted: wait for both.
+        text = wait_for(lambda: _metrics(port, 'outcome="failed"', "relay_bridge_runs_held 0"), 10)
     finally:
         server.send_signal(signal.SIGTERM)
         assert server.wait(15) == 0
@@ -371,14 +372,15 @@ def test_serve_s_prometheus_endpoint_counts_runs_and_api_errors(service, sshd, t
     assert "# TYPE relay_bridge_runs_completed_total counter" in text
 
 
-def _metrics(port: int) -> str:
+def _metrics(port: int, *wanted: str) -> str:
+    """The metrics page, once it shows everything `wanted`; else ""."""
     import requests
 
     try:
         answer = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
     except requests.RequestException:
         return ""
-    return answer.text if 'outcome="failed"' in answer.text else ""
+    return answer.text if all(w in answer.text for w in wanted) else ""
 
 
 def test_a_metrics_port_in_use_exits_2_saying_so(service, sshd, tmp_path):
