@@ -7,11 +7,13 @@ of an app above it (a matched event starting a workflow run) without importing t
 The name is the task's Celery name: its module path, `triggers.tasks.notify_slack`."""
 
 import logging
+import threading
 from typing import Any
 
 from celery import current_app
 
 log = logging.getLogger(__name__)
+_importing = threading.Lock()
 
 
 def publish(name: str, *args: Any, countdown: float | None = None) -> None:
@@ -21,8 +23,12 @@ def publish(name: str, *args: Any, countdown: float | None = None) -> None:
     tasks = current_app.tasks
     if name not in tasks:
         # Celery discovers the tasks modules as a worker starts; a web process has imported
-        # them only if something did: import them all, once.
-        current_app.loader.import_default_modules()
+        # them only if something did: import them all, once, one thread at a time (threads
+        # importing them side by side see each other's half-imported modules: a burst of
+        # requests into a new web process got NotRegistered for all but one).
+        with _importing:
+            if name not in tasks:
+                current_app.loader.import_default_modules()
     tasks[name].apply_async(args=args, countdown=countdown)
 
 

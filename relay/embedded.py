@@ -81,13 +81,20 @@ class Stack:
     def stop(self) -> None:
         self.stopping = True
         # Web and worker first (they may still be talking to Vault), OpenBao last.
-        for name, child in reversed(self.children):
-            if child.poll() is None:
-                say(f"stopping {name}")
-                child.terminate()
-                try:
-                    child.wait(timeout=20)
-                except subprocess.TimeoutExpired:
+        try:
+            for name, child in reversed(self.children):
+                if child.poll() is None:
+                    say(f"stopping {name}")
+                    child.terminate()
+                    try:
+                        child.wait(timeout=20)
+                    except subprocess.TimeoutExpired:
+                        child.kill()
+                        child.wait()
+        except KeyboardInterrupt:
+            # Ctrl-C again while stopping: no more waiting.
+            for _, child in self.children:
+                if child.poll() is None:
                     child.kill()
                     child.wait()
 
@@ -181,7 +188,7 @@ def choose_broker(env: dict[str, str]) -> None:
         # Safe because no data lives only in the broker: periodic sweeps re-enqueue from the DB.
         say(f"no Redis at {redis_url}; the worker uses a filesystem queue under {VAR_DIR}")
         env["CELERY_BROKER_URL"] = "filesystem://"
-        (VAR_DIR / "celery-queue" / "processed").mkdir(parents=True, exist_ok=True)
+        (VAR_DIR / "celery-queue").mkdir(parents=True, exist_ok=True)
 
 
 def base_env() -> dict[str, str]:

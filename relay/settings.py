@@ -261,12 +261,12 @@ REDIS_URL = env_secret("REDIS_URL", default="redis://127.0.0.1:6379/0")
 CELERY_BROKER_URL = env_secret("CELERY_BROKER_URL", default=REDIS_URL)
 CELERY_BROKER_TRANSPORT_OPTIONS = {}
 if CELERY_BROKER_URL.startswith("filesystem://"):
+    # kombu's filesystem transport with its races closed (relay/fsqueue.py says which).
+    CELERY_BROKER_TRANSPORT = "relay.fsqueue:Transport"
     _queue_dir = VAR_DIR / "celery-queue"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_queue_dir),
         "data_folder_out": str(_queue_dir),
-        "processed_folder": str(_queue_dir / "processed"),
-        "store_processed": False,
         # kombu puts the pidbox exchange files in ./control unless told otherwise.
         "control_folder": str(_queue_dir / "control"),
         # How long a worker that found its queues empty waits before it looks again (kombu's
