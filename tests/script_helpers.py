@@ -149,7 +149,7 @@ def children_of(pid: int) -> list[int]:
 
 
 def sandbox_processes() -> list[int]:
-    """Processes running as any of the sandboxes' uids (a root worker's)."""
+    """Processes running as any of this test session's sandbox uids (a root worker's)."""
     uids = range(settings.STEP_SANDBOX_UID, settings.STEP_SANDBOX_UID + settings.STEP_SANDBOX_UIDS)
     found = []
     for entry in Path("/proc").iterdir():

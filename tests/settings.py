@@ -20,6 +20,10 @@ os.environ.setdefault("RELAY_DEPLOYMENT_ID", f"test-{secrets.token_hex(6)}")
 os.environ.setdefault("REDIS_URL", os.environ["CELERY_BROKER_URL"])  # rate limits' counters too
 # conftest.py points these at the OpenBao dev server the test session starts.
 os.environ.setdefault("VAULT_ADDR", "http://127.0.0.1:1")
+# Sandbox uids of this test session's own (a root worker runs each script as one): test
+# sessions sharing the machine (a second checkout's, CI beside a session) then never count or
+# wait for each other's sandboxes (tests/script_helpers.sandbox_processes).
+os.environ.setdefault("STEP_SANDBOX_UID", str(200_000 + 256 * secrets.randbelow(4000)))
 # The engine's internal do-nothing step (workflows/steps/noop.py), here and in test workers.
 os.environ.setdefault("WORKFLOW_NOOP_STEPS", "true")
 
@@ -42,6 +46,7 @@ TEST_ONLY_ENV = (
     "EVENTS_",
     "RELAY_DEPLOYMENT_ID",
     "WORKFLOW_",
+    "STEP_SANDBOX_UID",
 )
 
 
