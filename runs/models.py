@@ -671,7 +671,7 @@ class Rollout(models.Model):
             rollout._launch(0)
         return run
 
-    def end_batch(self, index: int, outcomes: dict[str, str], why: str) -> bool:
+    def end_batch(self, index: int, outcomes: dict[str, str], why: str, now: datetime) -> bool:
         """Batch `index` ended, its nodes with `outcomes`: the rollout pauses before the next,
         or completes (the last batch, or failures over the budget). `why` says how the
         batch's run ended. False when another worker recorded it first."""
@@ -686,7 +686,6 @@ class Rollout(models.Model):
                 f"batch {index + 1} failed on {_names(failed)}{why}."
             )
         last = index + 1 >= self.batch_count
-        now = timezone.now()
         changes: dict[str, Any] = {
             "nodes_done": self.nodes_done + len(outcomes),
             "nodes_failed": nodes_failed,

@@ -95,7 +95,7 @@ def advance(rollout_id: Any, now: datetime | None = None) -> str:
         if batch is None or batch.run.status != Status.COMPLETE:
             return rollout.state  # its run is out; its end queues this again
         outcomes, why = node_outcomes(batch.run, rollout.batch_nodes(batch.index))
-        if not rollout.end_batch(batch.index, outcomes, why):
+        if not rollout.end_batch(batch.index, outcomes, why, now):
             return advance(rollout_id, now)  # another worker recorded it: look again
     if rollout.state == RolloutState.PAUSED:
         assert rollout.next_batch_at is not None
