@@ -710,7 +710,7 @@ class Rollout(models.Model):
                 outcome = Outcome.FAILED if (stop or nodes_failed) else Outcome.FINISHED
                 self.run.end_rollout(outcome, self.report(), note=stop or "every batch ran")
             else:
-                self.run._changed()  # whoever follows the rollout's run sees its progress
+                self._progressed(now)
         return True
 
     def start_batch(self, index: int, now: datetime) -> bool:
@@ -729,6 +729,7 @@ class Rollout(models.Model):
                 now,
             )
             self._launch(index)
+            self._progressed(now)
         return True
 
     def cancel(self, token_prefix: str) -> bool:
@@ -755,6 +756,13 @@ class Rollout(models.Model):
                     pass  # it ended just now
             self.run.end_rollout(Outcome.CANCELLED, self.report(), note=reason)
         return True
+
+    def _progressed(self, now: datetime) -> None:
+        """The rollout's run was updated now (its state's `updated_at`), and whoever follows
+        it (a workflow step) looks again, once this commits."""
+        Run.objects.filter(pk=self.run_id).update(updated_at=now)
+        self.run.updated_at = now
+        self.run._changed()
 
     def _launch(self, index: int) -> None:
         parent = self.run

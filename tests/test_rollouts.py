@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.test import Client
 from django.utils import timezone
 from relay_bridge.api import RelayClient
 
@@ -17,7 +18,11 @@ from runs import rollouts
 from runs.models import Rollout, RolloutBatch, Run, expire_runs
 from tests.conftest import bridge, run_concurrently
 from tests.runs_helpers import RUNS, accept, create_run, put_state, soon
+from tests.step_helpers import Connection, Step
 from tests.test_connection_api import assert_problem
+from tests.workflow_helpers import run_of, steps_of
+from workflows import engine
+from workflows.steps.base import Done, Wait
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -58,7 +63,7 @@ def work(token: str, failing: set[str] = frozenset(), outcome: str | None = None
     return nodes
 
 
-def step(run_id: str, now=None) -> str:
+def roll(run_id: str, now=None) -> str:
     return rollouts.advance(run_id, now)
 
 
@@ -96,7 +101,7 @@ def test_percentage_batches_run_in_turn_and_the_run_completes_with_the_report(to
     ran = []
     for k in range(4):
         ran.append(work(token))
-        assert step(made["id"]) == ("running" if k < 3 else "complete")
+        assert roll(made["id"]) == ("running" if k < 3 else "complete")
         assert pending(token) == [] if k == 3 else len(pending(token)) == 1
     assert ran == [NODES[:1], NODES[1:4], NODES[4:7], NODES[7:]]
     run = bridge(token).get(f"{RUNS}/{made['id']}").json()
@@ -122,7 +127,7 @@ def test_batch_sizes_without_a_canary(token, batch, sizes):
     seen = []
     while True:
         seen.append(len(work(token)))
-        if step(made["id"]) == "complete":
+        if roll(made["id"]) == "complete":
             break
     assert seen == sizes
 
@@ -130,7 +135,7 @@ def test_batch_sizes_without_a_canary(token, batch, sizes):
 def test_a_failed_canary_stops_the_rollout_whatever_the_budget(token):
     made = rollout_of(token, {"canary": 2, "batch": 4, "max_failures": "50%"})
     work(token, failing={"web02.example.com"})
-    assert step(made["id"]) == "complete"
+    assert roll(made["id"]) == "complete"
     assert pending(token) == [] and Run.objects.count() == 2  # the rollout's and the canary's
     state = bridge(token).get(f"{RUNS}/{made['id']}").json()["state"]
     assert state["outcome"] == "failed"
@@ -156,9 +161,9 @@ def test_a_failed_canary_stops_the_rollout_whatever_the_budget(token):
 def test_it_stops_before_the_next_batch_once_failures_exceed_the_budget(token):
     made = rollout_of(token, {"batch": 2, "max_failures": 1})
     work(token, failing={"web01.example.com"})  # 1 failure: within the budget
-    assert step(made["id"]) == "running"
+    assert roll(made["id"]) == "running"
     work(token, failing={"web04.example.com"})  # 2: over it
-    assert step(made["id"]) == "complete"
+    assert roll(made["id"]) == "complete"
     assert pending(token) == []
     report = Run.objects.get(pk=made["id"]).run_results
     assert report["stopped"] == (
@@ -172,9 +177,9 @@ def test_it_stops_before_the_next_batch_once_failures_exceed_the_budget(token):
 def test_a_budget_in_percent_and_failures_within_it_run_every_batch(token):
     made = rollout_of(token, {"batch": 5, "max_failures": "10%"})  # 1 of 10
     work(token, failing={"web03.example.com"})
-    assert step(made["id"]) == "running"
+    assert roll(made["id"]) == "running"
     work(token)
-    assert step(made["id"]) == "complete"
+    assert roll(made["id"]) == "complete"
     run = Run.objects.get(pk=made["id"])
     # Every batch ran, yet not every node finished: the run's outcome is `failed`, as a
     # bridge's is when a node failed; `stopped` says it did not stop early.
@@ -188,9 +193,9 @@ def test_a_batch_run_without_node_items_gives_its_nodes_the_run_s_outcome(token)
     assert accept(token, run["id"]).status_code == 202
     error = {"status": "complete", "outcome": "error", "run_results": {"result": {"msg": "ssh: no route"}}}
     assert put_state(token, run["id"], error).status_code == 202
-    assert step(made["id"]) == "running"
+    assert roll(made["id"]) == "running"
     work(token)
-    assert step(made["id"]) == "complete"
+    assert roll(made["id"]) == "complete"
     report = Run.objects.get(pk=made["id"]).run_results
     assert [report["nodes"][n] for n in NODES] == ["error"] * 5 + ["finished"] * 5
 
@@ -201,7 +206,7 @@ def test_a_batch_whose_bridge_goes_silent_times_out_and_stops_the_rollout(token)
     accept(token, run["id"])
     put_state(token, run["id"], {"status": "in-progress", "next_update_before": soon(1)})
     assert expire_runs(timezone.now() + timedelta(hours=1)) == 1
-    assert step(made["id"]) == "complete"
+    assert roll(made["id"]) == "complete"
     report = Run.objects.get(pk=made["id"]).run_results
     assert "(run " in report["stopped"] and ": timed-out, No heartbeat from the bridge" in report["stopped"]
     assert set(report["nodes"].values()) == {"timed-out", "not-run"}
@@ -211,13 +216,13 @@ def test_the_pause_between_batches_is_honoured(token):
     made = rollout_of(token, {"canary": 1, "batch": 9, "pause": "2m"})
     work(token)
     start = timezone.now()
-    assert step(made["id"], start) == "paused"
+    assert roll(made["id"], start) == "paused"
     progress = bridge(token).get(f"{RUNS}/{made['id']}").json()["rollout"]
     assert progress["state"] == "paused" and progress["batch"] == 1 and progress["nodes_done"] == 1
     assert "next_batch_at" in progress
-    assert step(made["id"], start + timedelta(seconds=119)) == "paused"
+    assert roll(made["id"], start + timedelta(seconds=119)) == "paused"
     assert pending(token) == []
-    assert step(made["id"], start + timedelta(seconds=121)) == "running"
+    assert roll(made["id"], start + timedelta(seconds=121)) == "running"
     assert len(pending(token)) == 1
     assert bridge(token).get(f"{RUNS}/{made['id']}").json()["rollout"]["batch"] == 2
 
@@ -228,7 +233,7 @@ def test_the_sweep_finds_pauses_that_are_over_and_batches_that_ended(token):
     assert rollouts.sweep(now) == 0  # its batch is out
     work(token)
     assert rollouts.sweep(now) == 1  # ended, not yet recorded (its message lost)
-    step(made["id"], now)
+    roll(made["id"], now)
     assert rollouts.sweep(now) == 0  # paused
     assert rollouts.sweep(now + timedelta(seconds=61)) == 1
 
@@ -237,12 +242,12 @@ def test_two_workers_seeing_a_batch_end_start_the_next_batch_once(token):
     made = rollout_of(token, {"batch": 1})  # ten batches, no pause
     for k in range(1, 10):
         work(token)
-        states = run_concurrently(8, lambda i: step(made["id"]))
+        states = run_concurrently(8, lambda i: roll(made["id"]))
         assert not [s for s in states if isinstance(s, Exception)], states
         assert RolloutBatch.objects.filter(rollout_id=made["id"]).count() == k + 1
         assert len(pending(token)) == 1
     work(token)
-    run_concurrently(8, lambda i: step(made["id"]))
+    run_concurrently(8, lambda i: roll(made["id"]))
     assert Run.objects.get(pk=made["id"]).outcome == "finished"
     assert Run.objects.filter(is_rollout=False).count() == 10
 
@@ -258,7 +263,7 @@ def test_cancelling_a_rollout_cancels_its_batch_in_flight_and_starts_no_other(to
     assert answer.json()["rollout"]["stopped"].startswith("Cancelled")
     assert Run.objects.get(pk=run["id"]).cancel_requested
     put_state(token, run["id"], {"status": "complete", "outcome": "cancelled"})
-    assert step(made["id"]) == "complete"
+    assert roll(made["id"]) == "complete"
     assert Run.objects.filter(is_rollout=False).count() == 1
     again = bridge(token).post(f"{RUNS}/{made['id']}/cancel")  # as for any run: the same answer
     assert again.status_code == 202 and again.json()["state"]["outcome"] == "cancelled"
@@ -335,7 +340,7 @@ def test_a_large_batch_s_stored_results_give_its_nodes_outcomes(token, settings)
     items[7]["state"] = "failed"
     put_state(token, run["id"], {"status": "complete", "outcome": "failed", "run_results": {"nodes": items}})
     assert Run.objects.get(pk=run["id"]).results_sha256  # stored, a summary in the row
-    assert step(made["id"]) == "complete"
+    assert roll(made["id"]) == "complete"
     report = Rollout.objects.get(pk=made["id"]).report()
     assert report["batches"][0]["failed"] == ["node-0007.example.com"]
     # The rollout's own report is large too: stored the same way, readable whole.
@@ -352,3 +357,119 @@ def test_the_bridge_s_client_sees_a_rollout_as_a_run(live_server, connection):
         assert [run["scope"]["nodes"] for run in client.list_runs(status="pending")] == [NODES[:1]]
     finally:
         client.close()
+
+
+# The native puppet-run step, driven as the engine drives it (tests/step_helpers.py).
+
+PUPPET_RUN = "relaysh/puppet-step-run"
+
+
+def puppet_run(alice, **spec: Any) -> Step:
+    return Step(
+        PUPPET_RUN,
+        {"connection": Connection("puppet", "prod"), "scope": {"nodes": NODES[:4]}, **spec},
+        alice.pk,
+    )
+
+
+@pytest.fixture
+def prod(alice) -> str:
+    return str(PuppetConnection.create_with_token(owner=alice, name="prod")[1])
+
+
+def test_the_puppet_run_step_rolls_out_and_says_which_batches_ran_and_why_it_stopped(prod, alice):
+    step = puppet_run(
+        alice, rollout={"canary": 1, "batch": 2.0, "max_failures": 0}
+    )  # 2.0: a number from an expression
+    first = step.start()
+    assert isinstance(first, Wait) and first.wake_on == ("puppet-run", first.outputs["id"])
+    assert first.outputs["rollout"]["batch"] == 1 and first.outputs["rollout"]["batches"] == 3
+    work(prod)
+    step_id = first.outputs["id"]
+    assert roll(step_id) == "running"
+    assert step.check().outputs["rollout"]["batch"] == 2
+    work(prod, failing={NODES[2]})
+    assert roll(step_id) == "complete"
+    done = step.check()
+    assert isinstance(done, Done) and not done.success
+    assert done.outputs["outcome"] == "failed" and done.outputs["id"] == step_id
+    assert [(b["batch"], b["outcome"], b.get("failed")) for b in done.outputs["batches"]] == [
+        (1, "finished", []),
+        (2, "failed", [NODES[2]]),
+    ]
+    assert done.outputs["nodes"] == {
+        NODES[0]: "finished",
+        NODES[1]: "finished",
+        NODES[2]: "failed",
+        NODES[3]: "not-run",
+    }
+    assert done.outputs["stopped"].startswith(
+        f"1 nodes failed in all, over the budget of 0: batch 2 failed on {NODES[2]}"
+    )
+    assert done.message == done.outputs["stopped"]
+
+
+def test_the_puppet_run_step_succeeds_when_every_node_finished(prod, alice):
+    step = puppet_run(alice, rollout={"batch": "50%", "pause": 0})
+    step_id = step.start().outputs["id"]
+    for _ in range(2):
+        work(prod)
+        roll(step_id)
+    done = step.check()
+    assert (
+        done.success and done.outputs["stopped"] == "" and set(done.outputs["nodes"].values()) == {"finished"}
+    )
+    assert done.message == f"Rollout {step_id}: 2 batches ran, 0 of 4 nodes failed (at most 0 allowed)."
+
+
+@pytest.mark.parametrize(
+    ("rollout", "message"),
+    [
+        (
+            {"batch": "20"},
+            'spec.rollout.batch: A whole number of nodes, or a percentage of them as a string ("20%").',
+        ),
+        (
+            {"batch": 1, "pause": "soon"},
+            'spec.rollout.pause: Seconds (30), or a duration with its unit: "30s", "5m", "1h".',
+        ),
+        ({"batch": 1, "canary": 5}, "spec.rollout.canary: More than the scope's 4 nodes."),
+        ({"batch": 1, "serial": 1}, "spec.rollout.serial: Unknown field."),
+        ("20%", "spec.rollout: Invalid data. Expected a dictionary, but got str."),
+    ],
+)
+def test_a_bad_rollout_fails_the_step_with_its_place_in_the_spec(prod, alice, rollout, message):
+    done = puppet_run(alice, rollout=rollout).start()
+    assert isinstance(done, Done) and not done.success and done.message == message
+    assert not Run.objects.exists()
+
+
+def test_cancelling_the_step_cancels_the_rollout(prod, alice):
+    step = puppet_run(alice, rollout={"batch": 2})
+    step_id = step.start().outputs["id"]
+    step.cancel()
+    run = Run.objects.get(pk=step_id)
+    assert run.outcome == "cancelled" and run.rollout.stop_reason.startswith("Cancelled (workflow:")
+    assert Run.objects.get(rollout_batch__rollout_id=step_id).outcome == "cancelled"  # it was pending
+
+
+ROLLOUT_STEP = """
+apiVersion: v1
+steps:
+- name: deploy
+  image: relaysh/puppet-step-run
+  spec:
+    connection: !Connection {type: puppet, name: prod}
+    scope: {nodes: [web1, web2, web3]}
+    rollout: {canary: 1, batch: 1}
+"""
+
+
+def test_the_run_page_shows_a_rollout_s_progress(prod, alice):
+    run = run_of(alice, ROLLOUT_STEP)
+    engine.start_run(run.pk)
+    engine.start_step(str(steps_of(run)["deploy"].pk), inline=True)
+    client = Client()
+    client.force_login(alice)
+    live = client.get(f"/app/runs/{run.pk}/live/").content.decode()
+    assert "Rollout: batch 1 of 3 (running), 0 of 3 nodes done, 0 failed" in live
