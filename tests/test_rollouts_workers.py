@@ -254,3 +254,27 @@ def test_a_pause_survives_the_worker_that_held_it(live_server, broker, bao, alic
         first.stop()
         if second is not None:
             second.stop()
+
+
+def test_workers_racing_on_a_batch_s_end_start_the_next_batch_once(live_server, worker, alice, tmp_path):
+    # Two worker processes of two children each take twenty copies of the message a batch's
+    # end sends (as many workers as see its run end, the sweep, a duplicate delivery).
+    other = EngineWorker(tmp_path / "other.log", concurrency=2)
+    _, token = PuppetConnection.create_with_token(owner=alice, name="prod")
+    client = RelayClient(live_server.url, str(token), attempts=1)
+    try:
+        made = client.create_run({"scope": {"nodes": ["a", "b", "c"]}, "rollout": {"batch": 1}})
+        for k in range(1, 3):
+            [run] = client.list_runs(status="pending")
+            lease = client.accept(run["id"])
+            client.put_state(run["id"], {"status": "complete", "outcome": "finished"}, lease_id=lease)
+            for _ in range(20):  # beside the one the run's end sent
+                dispatch.publish("runs.tasks.advance_rollout", made["id"])
+            wait_for(lambda k=k: RolloutBatch.objects.filter(rollout_id=made["id"]).count() == k + 1, 30)
+        time.sleep(1)  # the last copies are done
+        assert RolloutBatch.objects.filter(rollout_id=made["id"]).count() == 3
+        assert Run.objects.filter(connection__owner=alice, is_rollout=False).count() == 3
+        assert [len(client.list_runs(status="pending"))] == [1]
+    finally:
+        client.close()
+        other.stop()
