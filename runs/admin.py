@@ -54,7 +54,15 @@ class RunAdmin(admin.ModelAdmin):
         "created_at",
         "updated_at",
     ]
-    list_filter = ["status", "outcome", "type", "connection__platform", "created_at", "connection"]
+    list_filter = [
+        "status",
+        "outcome",
+        "type",
+        "is_rollout",
+        "connection__platform",
+        "created_at",
+        "connection",
+    ]
     search_fields = ["id", "connection__name", "environment", "job_id", "name"]
     list_select_related = ["connection"]
     date_hierarchy = "created_at"

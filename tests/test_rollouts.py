@@ -278,6 +278,7 @@ BAD = [
     ({"batch": 2.5}, "/rollout/batch", "A whole number of nodes"),
     ({"batch": True}, "/rollout/batch", "A whole number of nodes"),
     ({"batch": 2, "max_failures": -1}, "/rollout/max_failures", "At least 0."),
+    ({"batch": 10**6}, "/rollout/batch", "At most 10000 (RUN_MAX_NODES)."),
     ({"batch": 2, "max_failures": "5 %"}, "/rollout/max_failures", "A whole number of nodes"),
     ({"batch": 2, "canary": -1}, "/rollout/canary", "A whole number of nodes"),
     ({"batch": 2, "canary": 11}, "/rollout/canary", "More than the scope's 10 nodes."),

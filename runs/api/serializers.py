@@ -235,6 +235,7 @@ class CountField(serializers.Field):
     default_error_messages = {
         "invalid": 'A whole number of nodes, or a percentage of them as a string ("20%").',
         "low": "At least {lowest}.",
+        "high": f"At most {settings.RUN_MAX_NODES} (RUN_MAX_NODES).",
         "percent": "A percentage from {lowest}% to 100%.",
     }
 
@@ -245,8 +246,10 @@ class CountField(serializers.Field):
     def to_internal_value(self, data: Any) -> int | str:
         number = whole_number(data)
         if number is not None:
-            if number < self.lowest or number > settings.RUN_MAX_NODES:
+            if number < self.lowest:
                 self.fail("low", lowest=self.lowest)
+            if number > settings.RUN_MAX_NODES:
+                self.fail("high")
             return number
         match = PERCENT.match(data) if isinstance(data, str) else None
         if match is None:
@@ -285,6 +288,7 @@ class PauseField(serializers.Field):
         return value
 
 
+@extend_schema_field({"type": "integer", "minimum": 0, "maximum": settings.RUN_MAX_NODES})
 class CanaryField(serializers.Field):
     default_error_messages = {"invalid": "A whole number of nodes, 0 (no canary) or more."}
 
