@@ -408,6 +408,7 @@ def test_the_puppet_run_step_rolls_out_and_says_which_batches_ran_and_why_it_sto
         f"1 nodes failed in all, over the budget of 0: batch 2 failed on {NODES[2]}"
     )
     assert done.message == done.outputs["stopped"]
+    assert done.outputs["rollout"]["state"] == "complete" and done.outputs["rollout"]["nodes_done"] == 3
 
 
 def test_the_puppet_run_step_succeeds_when_every_node_finished(prod, alice):

@@ -213,6 +213,7 @@ def test_the_puppet_run_step_rolls_out_with_our_bridge_over_ssh(
     assert [r.scope["nodes"] for r in batch_runs] == [["web1"], ["web2", "web3"], ["web4", "web5"]]
     assert all(r.outcome in ("finished", "failed") and r.accepted_at for r in batch_runs)
     assert rollout.progress()["nodes_done"] == 5
+    assert outputs["rollout"]["state"] == "complete" and outputs["rollout"]["batch"] == 3
 
 
 def test_a_pause_survives_the_worker_that_held_it(live_server, broker, bao, alice, tmp_path):

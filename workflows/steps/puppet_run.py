@@ -93,13 +93,13 @@ class PuppetRun:
         changes, which wakes the step)."""
         rollout = run.rollout
         if run.status == Status.COMPLETE:
-            report = rollout.report()
+            report, progress = rollout.report(), rollout.progress()
             done = {
                 **outputs,
                 "outcome": run.outcome,
                 **{k: report[k] for k in ("batches", "nodes", "stopped")},
+                "rollout": progress,  # its last word: the outputs a Wait published merge with these
             }
-            progress = rollout.progress()
             message = rollout.stop_reason or (
                 f"Rollout {run.id}: {progress['batches']} batches ran, {rollout.nodes_failed} of "
                 f"{progress['nodes']} nodes failed (at most {rollout.max_failures} allowed)."
