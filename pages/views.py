@@ -232,12 +232,21 @@ def _run_context(request: HttpRequest, run: WorkflowRun) -> dict[str, Any]:
         step.question = document.step(step.name).description if step.kind == "approval" else ""  # type: ignore[attr-defined]
         if step.waiting:  # type: ignore[attr-defined]
             step.evidence = evidence(run, document.step(step.name).after)  # type: ignore[attr-defined]
+    # A puppet-run step that rolls out publishes its progress (batch k of n) while it waits.
+    rolling = dict(
+        StepRun.objects.filter(
+            run=run, status=StepStatus.IN_PROGRESS, outputs__has_key="rollout"
+        ).values_list("name", "outputs__rollout")
+    )
+    for step in steps:
+        step.rollout = rolling.get(step.name)  # type: ignore[attr-defined]
     shown = {step.name: (step.status, step.duration) for step in steps}  # type: ignore[attr-defined]
     complete = run.status == RunStatus.COMPLETE
     may_cancel = not complete and may(request.user, Action.CANCEL, run.workflow)
     seen = [
         (run.status, run.outcome, run.message, run.started_at, run.ended_at, may_approve, may_cancel),
         *((s.status, s.decision, s.decided_by_id, s.message, s.started_at, s.ended_at) for s in steps),
+        sorted(rolling.items()),
     ]
     return {
         "version": hashlib.sha256(repr(seen).encode()).hexdigest()[:16],

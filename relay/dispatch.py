@@ -32,12 +32,12 @@ def publish(name: str, *args: Any, countdown: float | None = None) -> None:
     tasks[name].apply_async(args=args, countdown=countdown)
 
 
-def publish_or_log(name: str, *args: Any, what: str) -> bool:
+def publish_or_log(name: str, *args: Any, what: str, countdown: float | None = None) -> bool:
     """publish(), for work a periodic sweep queues again when its message is lost (a broker
     that is down loses nothing): a failure is logged as `could not queue <what>`, not raised.
     Returns whether it was queued."""
     try:
-        publish(name, *args)
+        publish(name, *args, countdown=countdown)
     except Exception:
         log.warning("could not queue %s", what)
         return False

@@ -296,6 +296,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "runs.tasks.expire_runs",
         "schedule": env.float("RUN_EXPIRY_INTERVAL", default=15.0),
     },
+    "sweep-rollouts": {
+        "task": "runs.tasks.sweep_rollouts",
+        "schedule": env.float("ROLLOUT_SWEEP_INTERVAL", default=15.0),
+    },
     "requeue-stuck-events": {
         "task": "triggers.tasks.requeue_stuck_events",
         "schedule": env.float("EVENTS_SWEEP_INTERVAL", default=60.0),
@@ -354,6 +358,7 @@ RUN_ACCEPTED_TIMEOUT = env.int("RUN_ACCEPTED_TIMEOUT", default=300)
 RUN_REOFFER_AFTER = env.int("RUN_REOFFER_AFTER", default=90)
 RUN_PENDING_TIMEOUT = env.int("RUN_PENDING_TIMEOUT", default=3600)
 RUN_MAX_NODES = env.int("RUN_MAX_NODES", default=10000)
+ROLLOUT_MAX_PAUSE = env.int("ROLLOUT_MAX_PAUSE", default=24 * 3600)  # seconds between batches, at most
 RUN_RESULTS_MAX_BYTES = env.int("RUN_RESULTS_MAX_BYTES", default=1024 * 1024)  # larger: stored
 # A state PUT carries a whole fleet's results: its body may be larger than other requests'.
 RUN_STATE_MAX_BODY_BYTES = env.int("RUN_STATE_MAX_BODY_BYTES", default=64 * 1024 * 1024)

@@ -2,12 +2,36 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from runs.models import Conflict, Run, RunTransition
+from runs.models import Conflict, Rollout, Run, RunTransition
 
 
 class RunTransitionInline(admin.TabularInline):
     model = RunTransition
     fields = ["at", "from_status", "to_status", "token_prefix", "note"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Run | None = None) -> bool:
+        return False
+
+
+class RolloutInline(admin.StackedInline):
+    """A rollout's own run shows where the rollout is; its batches are runs of their own."""
+
+    model = Rollout
+    fields = [
+        "state",
+        "current",
+        "nodes_done",
+        "nodes_failed",
+        "max_failures",
+        "canary",
+        "batch_size",
+        "pause",
+        "next_batch_at",
+        "stop_reason",
+    ]
     readonly_fields = fields
     extra = 0
     can_delete = False
@@ -30,11 +54,19 @@ class RunAdmin(admin.ModelAdmin):
         "created_at",
         "updated_at",
     ]
-    list_filter = ["status", "outcome", "type", "connection__platform", "created_at", "connection"]
+    list_filter = [
+        "status",
+        "outcome",
+        "type",
+        "is_rollout",
+        "connection__platform",
+        "created_at",
+        "connection",
+    ]
     search_fields = ["id", "connection__name", "environment", "job_id", "name"]
     list_select_related = ["connection"]
     date_hierarchy = "created_at"
-    inlines = [RunTransitionInline]
+    inlines = [RolloutInline, RunTransitionInline]
     actions = ["cancel_runs"]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Run | None = None) -> list[str]:

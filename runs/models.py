@@ -3,6 +3,11 @@
 pending ──accept──▶ accepted ──▶ in-progress (heartbeats) ──▶ complete
    └───────────── cancel or expiry ─────────────────────────────▲
 
+A rollout (Rollout, below) is a run this service works itself, in batches: its run is
+`rolling-out` (`in-progress` on the wire) from the start until its last batch ends, and each
+batch is an ordinary run of its own, which any bridge works unchanged. No bridge sees,
+accepts or heartbeats a rollout's own run.
+
 Every change of status is a compare-and-set UPDATE that names the status it leaves, so two
 racing clients can never both win; each is recorded as a RunTransition.
 
@@ -23,6 +28,7 @@ from django.db import models, transaction
 from django.utils import timezone
 
 from puppet_connection.models import PuppetConnection
+from runs import results
 from runs.signals import run_changed
 
 
@@ -31,6 +37,7 @@ class Status(models.TextChoices):
     ACCEPTED = "accepted"
     IN_PROGRESS = "in-progress"
     COMPLETE = "complete"
+    ROLLING_OUT = "rolling-out"  # a rollout's own run, worked by this service (Rollout)
 
 
 OPEN_STATES = (Status.PENDING, Status.ACCEPTED, Status.IN_PROGRESS)
@@ -39,7 +46,9 @@ HELD_STATES = (Status.ACCEPTED, Status.IN_PROGRESS)  # a bridge holds the lease
 
 def wire_status(status: str) -> str:
     """The status as clients see it: the RFC's pending, in-progress or complete."""
-    return Status.PENDING if status == Status.ACCEPTED else status
+    if status == Status.ACCEPTED:
+        return Status.PENDING
+    return Status.IN_PROGRESS if status == Status.ROLLING_OUT else status
 
 
 class Outcome(models.TextChoices):
@@ -113,6 +122,8 @@ class Run(models.Model):
     results_size = models.BigIntegerField(null=True, blank=True)
     results_sha256 = models.CharField(max_length=64, blank=True)
     cancel_requested = models.BooleanField(default=False)
+    # A rollout's own run (its batches are ordinary runs): the API shows its progress.
+    is_rollout = models.BooleanField(default=False)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
 
@@ -135,6 +146,11 @@ class Run(models.Model):
 
     @classmethod
     def create_for(cls, connection: PuppetConnection, fields: dict[str, Any]) -> "Run":
+        """The run `fields` (validated by RunCreateSerializer) ask for; with a `rollout`
+        (its nodes and plan, from the serializer), a rollout's own run and its first batch."""
+        if fields.get("rollout"):
+            rest = {k: v for k, v in fields.items() if k != "rollout"}
+            return Rollout.begin(connection, rest, fields["rollout"]["nodes"], fields["rollout"]["plan"])
         with transaction.atomic():
             run = cls.objects.create(connection=connection, **fields)
             notify_new_run(connection.pk)
@@ -167,6 +183,8 @@ class Run(models.Model):
                 if self.scope:
                     doc["scope"] = self.scope
                 doc["targets"] = self.targets
+        if self.is_rollout:
+            doc["rollout"] = self.rollout.progress()
         return doc
 
     @property
@@ -229,6 +247,8 @@ class Run(models.Model):
 
         Repeating the accept with the lease id that won is answered as a success, so a client
         whose first answer was lost does not take its own accept for someone else's."""
+        if self.is_rollout:
+            raise Conflict(ROLLOUT_IS_OURS)
         lease = lease_id or uuid.uuid4()
         now = timezone.now()
         changes = {"status": Status.ACCEPTED, "lease_id": lease, "accepted_at": now}
@@ -274,6 +294,8 @@ class Run(models.Model):
 
     def _apply_state(self, data: dict[str, Any], token_prefix: str, now: datetime) -> None:
         status = data["status"]
+        if self.is_rollout:
+            raise Conflict(ROLLOUT_IS_OURS)
         if self.status == Status.PENDING:
             raise Conflict("The run has not been accepted; accept it before reporting its state.")
         lease_id = data.get("lease_id")
@@ -328,7 +350,11 @@ class Run(models.Model):
 
     def cancel(self, token_prefix: str) -> None:
         """A pending run completes `cancelled` at once; a held run is asked to stop (its
-        bridge sees cancel_requested in every state answer). Raises Conflict when complete."""
+        bridge sees cancel_requested in every state answer); a rollout stops, and its batch
+        in flight is cancelled so. Raises Conflict when complete."""
+        if self.is_rollout and self.rollout.cancel(token_prefix):
+            self.refresh_from_db()
+            return
         now = timezone.now()
         changes = {"status": Status.COMPLETE, "outcome": Outcome.CANCELLED}
         if self._transition(Status.PENDING, changes, token_prefix, now, note="cancelled before accept"):
@@ -349,6 +375,25 @@ class Run(models.Model):
         self.refresh_from_db()
         if self.outcome != Outcome.CANCELLED:
             raise Conflict(f"The run is complete ({self.outcome}); there is nothing to cancel.")
+
+    def end_rollout(self, outcome: str, report: dict[str, Any], note: str) -> bool:
+        """A rollout's own run completes with its report as run_results (stored when large,
+        as a bridge's results are). Compare-and-set: False when it had ended already."""
+        state = results.keep({"run_results": report})
+        changes = {
+            "status": Status.COMPLETE,
+            "outcome": outcome,
+            "run_results": state["run_results"],
+            "results_size": state.get("results_size"),
+            "results_sha256": state.get("results_sha256", ""),
+        }
+        return self._transition(Status.ROLLING_OUT, changes, "system", timezone.now(), note=note[:255])
+
+
+ROLLOUT_IS_OURS = (
+    "This run is a rollout: the service works it, in batches that are runs of their own; "
+    "a bridge works those."
+)
 
 
 class RunTransition(models.Model):
@@ -523,3 +568,288 @@ def expire_runs(now: datetime) -> int:
             # `overdue` again in the UPDATE: a heartbeat may have arrived since the SELECT.
             expired += run._transition(status, changes, "system", now, note="expired", still=overdue)
     return expired
+
+
+# Rollouts ------------------------------------------------------------------------------------
+
+
+class RolloutState(models.TextChoices):
+    RUNNING = "running"  # a batch's run is out
+    PAUSED = "paused"  # between batches, until next_batch_at
+    COMPLETE = "complete"
+
+
+SUCCEEDED = "finished"  # a node's outcome when Puppet ran to a good end on it (every backend's word)
+NOT_RUN = "not-run"  # a node of a batch that never started
+
+
+class Rollout(models.Model):
+    """A run worked in batches: the canary first, then `batch_size` nodes at a time, each
+    batch an ordinary run with a `nodes` scope (RolloutBatch), `pause` seconds apart. It stops
+    before the next batch when the canary failed anywhere, or when more nodes failed in all
+    than `max_failures`. Its own run (`run`, `rolling-out`) completes with the report.
+
+    running(k) ──end_batch──▶ paused(k) ──start_batch──▶ running(k+1) … ──▶ complete
+    Each arrow a compare-and-set naming the state and the batch it leaves, so two workers
+    that both see batch k end record it once and start batch k+1 once."""
+
+    run = models.OneToOneField(Run, primary_key=True, on_delete=models.CASCADE, related_name="rollout")
+    spec = models.JSONField()  # the rollout section as given: {canary, batch, max_failures, pause}
+    nodes = models.JSONField()  # certnames, in the order they go
+    canary = models.PositiveIntegerField()
+    batch_size = models.PositiveIntegerField()
+    max_failures = models.PositiveIntegerField()  # failed nodes allowed, in all
+    pause = models.PositiveIntegerField()  # seconds between batches
+    state = models.CharField(max_length=16, choices=RolloutState.choices, default=RolloutState.RUNNING)
+    current = models.PositiveIntegerField(default=0)  # the batch running, or the last one run
+    next_batch_at = models.DateTimeField(null=True, blank=True)
+    nodes_done = models.PositiveIntegerField(default=0)
+    nodes_failed = models.PositiveIntegerField(default=0)
+    stop_reason = models.TextField(blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [
+            # What the sweep looks at: the few rollouts not complete.
+            models.Index(
+                fields=["state"],
+                name="runs_rollout_open_idx",
+                condition=~models.Q(state=RolloutState.COMPLETE),
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"rollout {self.run_id}"
+
+    # The plan: which nodes each batch takes -------------------------------------------------
+
+    @property
+    def batch_count(self) -> int:
+        rest = len(self.nodes) - self.canary
+        return (1 if self.canary else 0) + -(-rest // self.batch_size)
+
+    def batch_nodes(self, index: int) -> list[str]:
+        if self.canary:
+            if index == 0:
+                return self.nodes[: self.canary]
+            start = self.canary + (index - 1) * self.batch_size
+        else:
+            start = index * self.batch_size
+        return self.nodes[start : start + self.batch_size]
+
+    def is_canary(self, index: int) -> bool:
+        return bool(self.canary) and index == 0
+
+    # Transitions ------------------------------------------------------------------------------
+
+    @classmethod
+    def begin(
+        cls, connection: PuppetConnection, fields: dict[str, Any], nodes: list[str], plan: dict[str, Any]
+    ) -> Run:
+        """The rollout's own run, the rollout, and its first batch's run, in one transaction.
+        `fields` are the run's (validated as POST /_puppet/runs validates them), `plan` the
+        rollout's numbers (runs.rollouts.plan)."""
+        now = timezone.now()
+        with transaction.atomic():
+            run = Run.objects.create(
+                connection=connection,
+                status=Status.ROLLING_OUT,
+                is_rollout=True,
+                created_at=now,
+                updated_at=now,
+                **fields,
+            )
+            rollout = cls.objects.create(run=run, nodes=nodes, updated_at=now, **plan)
+            RunTransition.objects.create(
+                run=run,
+                at=now,
+                from_status=Status.PENDING,
+                to_status=Status.ROLLING_OUT,
+                token_prefix="system",
+                note=f"rollout: {len(nodes)} nodes in {rollout.batch_count} batches",
+            )
+            rollout._launch(0)
+        return run
+
+    def end_batch(self, index: int, outcomes: dict[str, str], why: str, now: datetime) -> bool:
+        """Batch `index` ended, its nodes with `outcomes`: the rollout pauses before the next,
+        or completes (the last batch, or failures over the budget). `why` says how the
+        batch's run ended. False when another worker recorded it first."""
+        failed = sorted(node for node, outcome in outcomes.items() if outcome != SUCCEEDED)
+        nodes_failed = self.nodes_failed + len(failed)
+        stop = ""
+        if failed and self.is_canary(index):
+            stop = f"The canary failed on {_names(failed)}{why}."
+        elif nodes_failed > self.max_failures:
+            stop = (
+                f"{nodes_failed} nodes failed in all, over the budget of {self.max_failures}: "
+                f"batch {index + 1} failed on {_names(failed)}{why}."
+            )
+        last = index + 1 >= self.batch_count
+        changes: dict[str, Any] = {
+            "nodes_done": self.nodes_done + len(outcomes),
+            "nodes_failed": nodes_failed,
+            "updated_at": now,
+        }
+        if stop or last:
+            changes.update(state=RolloutState.COMPLETE, stop_reason=stop)
+        else:
+            changes.update(state=RolloutState.PAUSED, next_batch_at=now + timedelta(seconds=self.pause))
+        with transaction.atomic():
+            won = Rollout.objects.filter(pk=self.pk, state=RolloutState.RUNNING, current=index).update(
+                **changes
+            )
+            if not won:
+                return False  # another worker recorded this batch's end
+            RolloutBatch.objects.filter(rollout=self, index=index).update(
+                outcomes=outcomes, failed=len(failed), ended_at=now
+            )
+            for field, value in changes.items():
+                setattr(self, field, value)
+            if self.state == RolloutState.COMPLETE:
+                outcome = Outcome.FAILED if (stop or nodes_failed) else Outcome.FINISHED
+                self.run.end_rollout(outcome, self.report(), note=stop or "every batch ran")
+            else:
+                self._progressed(now)
+        return True
+
+    def start_batch(self, index: int, now: datetime) -> bool:
+        """The pause after batch `index - 1` is over: batch `index`'s run is made, once. False
+        when the pause is not over, or another worker started it."""
+        with transaction.atomic():
+            won = Rollout.objects.filter(
+                pk=self.pk, state=RolloutState.PAUSED, current=index - 1, next_batch_at__lte=now
+            ).update(state=RolloutState.RUNNING, current=index, next_batch_at=None, updated_at=now)
+            if not won:
+                return False
+            self.state, self.current, self.next_batch_at, self.updated_at = (
+                RolloutState.RUNNING,
+                index,
+                None,
+                now,
+            )
+            self._launch(index)
+            self._progressed(now)
+        return True
+
+    def cancel(self, token_prefix: str) -> bool:
+        """Stop before any further batch, and cancel the one in flight (its run's own
+        cancel). False when the rollout had ended already."""
+        now = timezone.now()
+        reason = f"Cancelled ({token_prefix})."
+        with transaction.atomic():
+            won = (
+                Rollout.objects.filter(pk=self.pk)
+                .exclude(state=RolloutState.COMPLETE)
+                .update(state=RolloutState.COMPLETE, stop_reason=reason, next_batch_at=None, updated_at=now)
+            )
+            if not won:
+                return False
+            self.refresh_from_db()
+            batch = (
+                self.batches.filter(index=self.current, ended_at__isnull=True).select_related("run").first()
+            )
+            if batch is not None:
+                try:
+                    batch.run.cancel(token_prefix)
+                except Conflict:
+                    pass  # it ended just now
+            self.run.end_rollout(Outcome.CANCELLED, self.report(), note=reason)
+        return True
+
+    def _progressed(self, now: datetime) -> None:
+        """The rollout's run was updated now (its state's `updated_at`), and whoever follows
+        it (a workflow step) looks again, once this commits."""
+        Run.objects.filter(pk=self.run_id).update(updated_at=now)
+        self.run.updated_at = now
+        self.run._changed()
+
+    def _launch(self, index: int) -> None:
+        parent = self.run
+        batch = Run.create_for(
+            parent.connection,
+            {
+                "type": RunType.RUN,
+                "environment": parent.environment,
+                "scope": {"nodes": self.batch_nodes(index)},
+                **{f: getattr(parent, f) for f in ("noop", "no_noop", "debug", "trace", "evaltrace")},
+            },
+        )
+        # Unique (rollout, index): were the compare-and-set ever bypassed, a second start of
+        # the same batch fails here and its transaction (its run) goes with it.
+        RolloutBatch.objects.create(rollout=self, index=index, run=batch)
+
+    # What it shows ----------------------------------------------------------------------------
+
+    def progress(self) -> dict[str, Any]:
+        """Where it is, for the run's API: batch k of n, nodes done."""
+        doc: dict[str, Any] = {
+            "state": self.state,
+            "batch": self.current + 1,
+            "batches": self.batch_count,
+            "canary": self.canary,
+            "batch_size": self.batch_size,
+            "nodes": len(self.nodes),
+            "nodes_done": self.nodes_done,
+            "nodes_failed": self.nodes_failed,
+            "max_failures": self.max_failures,
+        }
+        if self.next_batch_at:
+            doc["next_batch_at"] = _iso(self.next_batch_at)
+        current = self.batches.filter(index=self.current).values_list("run_id", flat=True).first()
+        if current:
+            doc["batch_run"] = str(current)
+        if self.stop_reason:
+            doc["stopped"] = self.stop_reason
+        return doc
+
+    def report(self) -> dict[str, Any]:
+        """Which batches ran, each node's outcome, and why it stopped: the rollout's run's
+        results, and the puppet-run step's outputs."""
+        batches = []
+        nodes = dict.fromkeys(self.nodes, NOT_RUN)
+        for batch in self.batches.order_by("index"):
+            doc: dict[str, Any] = {
+                "batch": batch.index + 1,
+                "canary": self.is_canary(batch.index),
+                "run": str(batch.run_id),
+                "nodes": self.batch_nodes(batch.index),
+            }
+            if batch.ended_at is None:
+                doc["outcome"] = "cancelled" if self.state == RolloutState.COMPLETE else "running"
+            else:
+                doc["outcome"] = SUCCEEDED if not batch.failed else Outcome.FAILED.value
+                doc["failed"] = sorted(n for n, o in batch.outcomes.items() if o != SUCCEEDED)
+                nodes.update(batch.outcomes)
+            batches.append(doc)
+        return {
+            "batches": batches,
+            "nodes": nodes,
+            "stopped": self.stop_reason,
+            "nodes_failed": self.nodes_failed,
+            "max_failures": self.max_failures,
+        }
+
+
+class RolloutBatch(models.Model):
+    """One batch of a rollout: its run (an ordinary one, scope `nodes`), and once it ended
+    each node's outcome."""
+
+    rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="batches")
+    index = models.PositiveIntegerField()
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, related_name="rollout_batch")
+    outcomes = models.JSONField(null=True, blank=True)  # certname -> its outcome
+    failed = models.PositiveIntegerField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["rollout", "index"]
+        constraints = [models.UniqueConstraint(fields=["rollout", "index"], name="runs_rollout_batch_once")]
+
+    def __str__(self) -> str:
+        return f"batch {self.index + 1} of {self.rollout_id}"
+
+
+def _names(nodes: list[str], most: int = 5) -> str:
+    shown = ", ".join(nodes[:most])
+    return shown + (f" and {len(nodes) - most} more" if len(nodes) > most else "")

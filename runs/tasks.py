@@ -1,9 +1,10 @@
 import logging
 
 from celery import shared_task
+from django.db import DatabaseError
 from django.utils import timezone
 
-from runs import models
+from runs import models, rollouts
 
 log = logging.getLogger(__name__)
 
@@ -17,3 +18,19 @@ def expire_runs() -> int:
     if expired:
         log.info("%d runs timed out", expired)
     return expired
+
+
+@shared_task(acks_late=True, autoretry_for=(DatabaseError,), retry_backoff=1, max_retries=5)
+def advance_rollout(rollout_id: str) -> None:
+    """Move a rollout on (runs.rollouts.advance): queued when one of its batches' runs ends,
+    again when its pause is over, and by the sweep. A duplicate does nothing twice (each
+    step is a compare-and-set); a database error is retried after 1, 2, 4 … seconds, and
+    whatever is lost the sweep sends again."""
+    rollouts.advance(rollout_id)
+
+
+@shared_task(acks_late=True)
+def sweep_rollouts() -> int:
+    """From beat, every ROLLOUT_SWEEP_INTERVAL seconds: advance the rollouts with something
+    due whose message was lost (a worker restarted during a pause, a broker hiccup)."""
+    return rollouts.sweep()

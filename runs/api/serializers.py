@@ -3,6 +3,7 @@
 bridge echoes fields such as `updated_at` back."""
 
 import json
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -20,6 +21,7 @@ from relay.api.serializers import (
     StrictBooleanField,
     StrictCharField,
 )
+from runs import rollouts
 from runs.models import CLIENT_OUTCOMES, RunType, Status
 
 # Puppet certnames: lowercase letters, digits, '.', '_' and '-'.
@@ -211,6 +213,107 @@ def task_run_shape(attrs: dict[str, Any]) -> dict[str, str]:
     return errors
 
 
+PERCENT = re.compile(r"^([0-9]{1,3})%$")
+DURATION = re.compile(r"^([0-9]{1,6})(s|m|h)$")
+SECONDS = {"s": 1, "m": 60, "h": 3600}
+
+
+def whole_number(data: Any) -> int | None:
+    """A JSON whole number (a float that is one too: numbers from workflow expressions are
+    floats, as in Go); None for anything else, booleans included."""
+    if isinstance(data, float) and data.is_integer():
+        data = int(data)
+    return data if isinstance(data, int) and not isinstance(data, bool) else None
+
+
+@extend_schema_field(
+    {"oneOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": PERCENT.pattern}]}
+)
+class CountField(serializers.Field):
+    """A number of nodes (10), or a percentage of the scope's nodes ("20%")."""
+
+    default_error_messages = {
+        "invalid": 'A whole number of nodes, or a percentage of them as a string ("20%").',
+        "low": "At least {lowest}.",
+        "high": f"At most {settings.RUN_MAX_NODES} (RUN_MAX_NODES).",
+        "percent": "A percentage from {lowest}% to 100%.",
+    }
+
+    def __init__(self, lowest: int, **kwargs: Any) -> None:
+        self.lowest = lowest
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> int | str:
+        number = whole_number(data)
+        if number is not None:
+            if number < self.lowest:
+                self.fail("low", lowest=self.lowest)
+            if number > settings.RUN_MAX_NODES:
+                self.fail("high")
+            return number
+        match = PERCENT.match(data) if isinstance(data, str) else None
+        if match is None:
+            self.fail("invalid")
+        if not self.lowest <= int(match[1]) <= 100:
+            self.fail("percent", lowest=self.lowest)
+        return f"{int(match[1])}%"
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+@extend_schema_field(
+    {"oneOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": DURATION.pattern}]}
+)
+class PauseField(serializers.Field):
+    """Seconds between batches: a number (30), or a string with its unit ("30s", "5m", "1h")."""
+
+    default_error_messages = {
+        "invalid": 'Seconds (30), or a duration with its unit: "30s", "5m", "1h".',
+        "range": f"From 0 to {settings.ROLLOUT_MAX_PAUSE} seconds.",
+    }
+
+    def to_internal_value(self, data: Any) -> int:
+        seconds = whole_number(data)
+        if seconds is None:
+            match = DURATION.match(data) if isinstance(data, str) else None
+            if match is None:
+                self.fail("invalid")
+            seconds = int(match[1]) * SECONDS[match[2]]
+        if not 0 <= seconds <= settings.ROLLOUT_MAX_PAUSE:
+            self.fail("range")
+        return seconds
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+@extend_schema_field({"type": "integer", "minimum": 0, "maximum": settings.RUN_MAX_NODES})
+class CanaryField(serializers.Field):
+    default_error_messages = {"invalid": "A whole number of nodes, 0 (no canary) or more."}
+
+    def to_internal_value(self, data: Any) -> int:
+        number = whole_number(data)
+        if number is None or not 0 <= number <= settings.RUN_MAX_NODES:
+            self.fail("invalid")
+        return number
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+class RolloutSerializer(RejectUnknownFields, serializers.Serializer):
+    """`rollout: {canary: 1, batch: 10 | "20%", max_failures: 0 | "5%", pause: 30s}`: the
+    canary's nodes first (all of them must succeed), then `batch` nodes at a time, stopping
+    before the next batch once more than `max_failures` nodes failed in all, `pause` between
+    batches. Percentages are of the scope's nodes, rounded down (a batch at least 1)."""
+
+    canary = CanaryField(default=0)
+    batch = CountField(lowest=1)
+    max_failures = CountField(lowest=0, default=0)
+    pause = PauseField(default=0)
+
+
 class RunCreateSerializer(RejectUnknownFields, serializers.Serializer):
     type = serializers.ChoiceField(choices=RunType.choices, default=RunType.RUN)
     # null is no environment: the published task-run-start sends `environment: null` when
@@ -227,6 +330,7 @@ class RunCreateSerializer(RejectUnknownFields, serializers.Serializer):
     name = StrictCharField(max_length=255, required=False, validators=[task_name])
     params = JSONObjectField(required=False)
     targets = TargetsField(required=False)
+    rollout = RolloutSerializer(required=False)
 
     def validate_environment(self, value: str) -> str:
         if value in RESERVED_ENVIRONMENTS:
@@ -265,9 +369,26 @@ class RunCreateSerializer(RejectUnknownFields, serializers.Serializer):
 
         for field, message in check_against_connection(attrs, self.context["connection"]).items():
             errors.setdefault(field, message)
+        if "rollout" in attrs and not errors:
+            errors.update(rollout_plan(attrs, self.context["connection"]))
         if errors:
             raise serializers.ValidationError(errors)
         return attrs
+
+
+def rollout_plan(attrs: dict[str, Any], connection: PuppetConnection) -> dict[str, Any]:
+    """A run with a rollout: its nodes (from its scope) and its plan, put in `attrs["rollout"]`
+    for Run.create_for. Returns the errors."""
+    if attrs["type"] != RunType.RUN:
+        return {"rollout": f"Only runs (type 'run') take a rollout; not a {attrs['type']}."}
+    nodes = rollouts.nodes_of(connection, attrs["scope"])
+    if isinstance(nodes, rollouts.NotResolvable):
+        return {"scope": nodes.reason}
+    spec = dict(attrs["rollout"])
+    if spec["canary"] > len(nodes):
+        return {"rollout": {"canary": f"More than the scope's {len(nodes)} nodes."}}
+    attrs["rollout"] = {"nodes": nodes, "plan": rollouts.plan(spec, len(nodes))}
+    return {}
 
 
 def check_against_connection(attrs: dict[str, Any], connection: PuppetConnection) -> dict[str, str]:

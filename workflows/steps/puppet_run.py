@@ -3,7 +3,11 @@ it to its end; outputs `jobID` and `outcome` (and `id`, at once).
 
 spec (the RFC's names; the published steps' lower-case ones are taken too): connection
 (puppet), timeoutAfterMissedHeartbeats (default 3), environment, scope, noOp (noop),
-no_noop, debug, trace, evalTrace (evaltrace).
+no_noop, debug, trace, evalTrace (evaltrace), and rollout (beyond the RFC):
+`{canary: 1, batch: 10 | "20%", max_failures: 0 | "5%", pause: 30s}`, which makes the run a
+rollout, in batches (runs.models.Rollout), and adds the outputs `batches` (which ran: each
+one's nodes, run, outcome and failed nodes), `nodes` (certname -> outcome, `not-run` for
+nodes of batches that never started) and `stopped` (why it stopped early, or "").
 
 It ends `success` when the outcome is `finished` or `success` (a plan's), and `failure` for
 any other, as the bridge's relay-puppet-run exits. It gives up (outcome `timed-out`, and
@@ -31,6 +35,7 @@ SPELLINGS = {
     "debug": ("debug",),
     "trace": ("trace",),
     "evaltrace": ("evalTrace", "evaltrace"),
+    "rollout": ("rollout",),
 }
 
 
@@ -71,6 +76,8 @@ class PuppetRun:
 
     def follow(self, run: Run, state: Mapping[str, Any], ctx: StepContext) -> Done | Wait:
         outputs = {"id": str(run.id), "jobID": run.job_id}
+        if run.is_rollout:
+            return self.follow_rollout(run, state, outputs)
         if run.status == Status.COMPLETE:
             return Done(run.outcome in SUCCESS, {**outputs, "outcome": run.outcome}, puppet.ended(run))
         deadline = puppet.heartbeat_deadline(run, state["missed"])
@@ -78,3 +85,24 @@ class PuppetRun:
             message = puppet.give_up(run, ctx, state["missed"])
             return Done(False, {**outputs, "outcome": Outcome.TIMED_OUT.value}, message)
         return puppet.wait_for(run, state, {"id": str(run.id)}, until=deadline)
+
+    def follow_rollout(self, run: Run, state: Mapping[str, Any], outputs: dict[str, Any]) -> Done | Wait:
+        """A rollout: its own run ends when its last batch does, or it stopped. No heartbeat
+        to watch: each batch is a run the service expires when its bridge goes silent,
+        which fails the batch. Its progress is published at each batch (the rollout's run
+        changes, which wakes the step)."""
+        rollout = run.rollout
+        if run.status == Status.COMPLETE:
+            report, progress = rollout.report(), rollout.progress()
+            done = {
+                **outputs,
+                "outcome": run.outcome,
+                **{k: report[k] for k in ("batches", "nodes", "stopped")},
+                "rollout": progress,  # its last word: the outputs a Wait published merge with these
+            }
+            message = rollout.stop_reason or (
+                f"Rollout {run.id}: {progress['batches']} batches ran, {rollout.nodes_failed} of "
+                f"{progress['nodes']} nodes failed (at most {rollout.max_failures} allowed)."
+            )
+            return Done(run.outcome in SUCCESS, done, message)
+        return puppet.wait_for(run, state, {"id": str(run.id), "rollout": rollout.progress()}, until=None)
