@@ -59,8 +59,8 @@ class PuppetConnection(Connection, tokens.TokenHolder):
         max_length=8,
         choices=Platform.choices,
         blank=True,
-        help_text="Puppet Enterprise needs an environment for every run; open source Puppet (without a"
-        " backend set) takes only runs on a list of nodes.",
+        help_text="On Puppet Enterprise a Puppet run (type run) needs an environment; open source"
+        " Puppet (without a backend set) takes only runs on a list of nodes.",
     )
     backend = models.CharField(
         max_length=16,
