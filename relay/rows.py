@@ -9,6 +9,7 @@ signals, the same state), so what a caller gets is what the queryset would have 
 Statements go through Django's cursor: its error mapping, its query log, any database.
 """
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -128,7 +129,8 @@ class Chain:
     """`model`'s row whose `where` field is %s, with the rows its foreign keys lead to one
     after the other (`links`: a step run's run, then that run's workflow), as
     select_related("run__workflow") loads them, in one statement written once per database.
-    `exclude`: fields of a model left deferred."""
+    `exclude`: fields of a model left deferred. The models along the chain are looked up at
+    first use, when every app is loaded (a link to the user model is a name until then)."""
 
     def __init__(
         self,
@@ -137,16 +139,27 @@ class Chain:
         where: str,
         exclude: dict[type[Model], Sequence[str]] | None = None,
     ) -> None:
-        exclude = exclude or {}
-        chain: list[type[Model]] = [model]
-        self.links: list[Any] = []
-        for link in links:
-            field = chain[-1]._meta.get_field(link)
-            self.links.append(field)
-            chain.append(field.related_model)  # type: ignore[arg-type]
-        self.columns = [Columns(m, f"t{i}", exclude=exclude.get(m, ())) for i, m in enumerate(chain)]
-        self.where: Field = model._meta.get_field(where)  # type: ignore[assignment]
+        self.model, self.link_names, self.where_name = model, tuple(links), where
+        self.exclude = exclude or {}
         self.statements: dict[str, str] = {}
+
+    @functools.cached_property
+    def links(self) -> list[Any]:
+        found, model = [], self.model
+        for name in self.link_names:
+            field = model._meta.get_field(name)
+            found.append(field)
+            model = field.related_model  # type: ignore[assignment]
+        return found
+
+    @functools.cached_property
+    def columns(self) -> list[Columns]:
+        chain: list[type[Model]] = [self.model, *(link.related_model for link in self.links)]
+        return [Columns(m, f"t{i}", exclude=self.exclude.get(m, ())) for i, m in enumerate(chain)]
+
+    @functools.cached_property
+    def where(self) -> Field:
+        return self.model._meta.get_field(self.where_name)  # type: ignore[return-value]
 
     def sql(self, connection: BaseDatabaseWrapper) -> str:
         sql = self.statements.get(connection.alias)
@@ -165,17 +178,19 @@ class Chain:
         return sql
 
     def __call__(self, value: Any) -> Model | None:
-        using = self.columns[0].model._default_manager.db
+        using = self.model._default_manager.db
         connection = connections[using]
         found = fetch(using, self.sql(connection), [self.where.get_db_prep_value(value, connection)])
         if not found:
-            return None
+            return None  # `where` is meant to be unique: one row or none
         chain, start = [], 0
         for columns in self.columns:
             chain.append(columns.instance(found[0], start, connection))
             start += len(columns)
         for link, source, to in zip(self.links, chain[:-1], chain[1:], strict=True):
             link.set_cached_value(source, to)
+            if link.one_to_one:  # as select_related, the other side too (a step run's credential)
+                link.remote_field.set_cached_value(to, source)
         return chain[0]
 
 

@@ -6,15 +6,12 @@ one per step run. It opens the API only while its step run is `in-progress`, che
 every request, so it expires when the step ends without any revoke.
 """
 
-import functools
 import hmac
-import itertools
 import uuid
 from typing import Any, Self
 
 from django.conf import settings
-from django.db import connections, models
-from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db import models
 from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
 
@@ -132,71 +129,18 @@ class StepCredential(models.Model):
         self.reported_status = status
 
 
-class _WithStep:
-    """What StepCredential.for_token reads on every request of the step runtime API: the
-    credential by its lookup part with its step run, run, workflow and owner, as
-    select_related("step_run__run__workflow__owner") loads them, in one statement written
-    once per database (relay.rows: Django took three times as long to compile that
-    five-table query as PostgreSQL took to answer it)."""
-
-    LINKS = ("step_run", "run", "workflow", "owner")
-    # Left deferred (read when asked for, as .defer() leaves them): what no route of the API
-    # reads from the step's own row, and what may be large (outputs up to
-    # STEP_OUTPUTS_MAX_BYTES, decoded again on every call a step makes: a log line, an event).
-    DEFERRED = {StepRun: ("outputs", "state", "decorators")}
-
-    def __init__(self) -> None:
-        self.statements: dict[str, str] = {}
-
-    @functools.cached_property
-    def columns(self) -> list[rows.Columns]:
-        chain: list[type[models.Model]] = [StepCredential]
-        for link in self.LINKS:
-            chain.append(chain[-1]._meta.get_field(link).related_model)  # the user model when ready
-        return [
-            rows.Columns(model, f"t{i}", exclude=self.DEFERRED.get(model, ()))
-            for i, model in enumerate(chain)
-        ]
-
-    @functools.cached_property
-    def links(self) -> list[models.ForeignKey]:
-        return [c.model._meta.get_field(link) for c, link in zip(self.columns, self.LINKS, strict=False)]
-
-    def sql(self, connection: BaseDatabaseWrapper) -> str:
-        sql = self.statements.get(connection.alias)
-        if sql is None:
-            quote = connection.ops.quote_name
-            joins = "".join(
-                f" INNER JOIN {to.table(connection)}"
-                f" ON {to.alias}.{quote(link.target_field.column)} = {source.alias}.{quote(link.column)}"
-                for (source, to), link in zip(itertools.pairwise(self.columns), self.links, strict=True)
-            )
-            credential = self.columns[0]
-            lookup = quote(StepCredential._meta.get_field("token_lookup").column)
-            sql = self.statements[connection.alias] = (
-                f"SELECT {', '.join(c.sql(connection) for c in self.columns)}"  # noqa: S608
-                f" FROM {credential.table(connection)}{joins} WHERE {credential.alias}.{lookup} = %s"
-            )
-        return sql
-
-    def __call__(self, lookup: str) -> "StepCredential | None":
-        using = StepCredential.objects.db
-        connection = connections[using]
-        found = rows.fetch(using, self.sql(connection), [lookup])
-        if not found:
-            return None  # token_lookup is unique: one row or none
-        chain, start = [], 0
-        for columns in self.columns:
-            chain.append(columns.instance(found[0], start, connection))
-            start += len(columns)
-        for link, (source, to) in zip(self.links, itertools.pairwise(chain), strict=True):
-            link.set_cached_value(source, to)
-        # select_related sets a one-to-one's other side too: the step run's credential.
-        self.links[0].remote_field.set_cached_value(chain[1], chain[0])
-        return chain[0]  # type: ignore[return-value]
-
-
-_with_step = _WithStep()
+# What StepCredential.for_token reads on every request of the step runtime API: the credential
+# by its lookup part with its step run, run, workflow and owner, in one statement written once
+# per database (relay.rows: Django took three times as long to compile that five-table query
+# as PostgreSQL took to answer it). Left deferred (read when asked for, as .defer() leaves
+# them): what no route of the API reads from the step's own row, and what may be large
+# (outputs up to STEP_OUTPUTS_MAX_BYTES, decoded again on every call a step makes).
+_with_step = rows.Chain(
+    StepCredential,
+    ("step_run", "run", "workflow", "owner"),
+    "token_lookup",
+    exclude={StepRun: ("outputs", "state", "decorators")},
+)
 
 
 class StepLog(models.Model):
