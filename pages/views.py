@@ -270,7 +270,7 @@ def run_live(request: HttpRequest, run_id: Any) -> HttpResponse:
     context = _run_context(request, run)
     if request.headers.get("X-Live-Version") == context["version"]:
         return HttpResponse(status=204)
-    return render(request, "pages/_run_live.html", context)
+    return render(request, "pages/_run_live.html", {**context, "oob": True})
 
 
 @login_required

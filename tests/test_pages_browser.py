@@ -284,3 +284,28 @@ def test_fifty_steps_are_drawn_readable_and_each_reachable_from_the_keyboard(
 
     heights = browser.run(journey)
     assert min(heights) >= 12  # pixels: dot's 11-point labels at their size, never shrunk to fit
+
+
+def test_the_steps_labels_follow_the_steps_without_their_logs_being_opened(
+    live_server, worker, browser: BrowserThread, tmp_path: Path
+):
+    owner = User.objects.create_user("ops", password="ops-password-1")
+    workflow = make_workflow(owner, CANCEL_AND_FAIL, "slow")
+    run = engine.create_run(workflow, {}, created_by=owner)
+    url = live_server.url
+
+    def journey(browser: Browser) -> None:
+        page = browser.new_page()
+        try:
+            log_in(page, url, "ops", "ops-password-1")
+            page.goto(f"{url}/app/runs/{run.pk}/")
+            expect(page.locator("#step-after .log-status")).to_have_text("pending")
+            expect(page.locator("#run-status")).to_have_text("success", timeout=30_000)
+            # Closed, never opened: their labels changed with the steps all the same.
+            expect(page.locator("#step-slow .log-status")).to_have_text("success")
+            expect(page.locator("#step-after .log-status")).to_have_text("success")
+            assert page.locator("details[open]").count() == 0
+        finally:
+            page.close()
+
+    browser.run(journey)
