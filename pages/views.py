@@ -9,8 +9,10 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib import messages
+from django.contrib.admin.utils import NestedObjects
 from django.contrib.auth.decorators import login_required as _login_required
 from django.core.exceptions import PermissionDenied
+from django.db import router
 from django.db.models import Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
@@ -20,6 +22,7 @@ from django.views.decorators.http import require_POST
 from pages import graph
 from pages.forms import RunForm
 from workflows import engine
+from workflows.admin import puppet_run_of, what_would_change
 from workflows.dialect.problems import DocumentError
 from workflows.models import (
     Conflict,
@@ -250,6 +253,7 @@ def _run_context(request: HttpRequest, run: WorkflowRun) -> dict[str, Any]:
         "complete": complete,
         "may_approve": may_approve,
         "may_cancel": may_cancel,
+        "may_delete": complete and may(request.user, Action.DELETE_RUNS, run.workflow),
     }
 
 
@@ -304,3 +308,70 @@ def cancel(request: HttpRequest, run_id: Any) -> HttpResponse:
     else:
         messages.success(request, "Cancelling: steps not started are skipped, steps in progress stopped.")
     return redirect("pages:run", run_id=run.pk)
+
+
+# Why a step ended as it did, in words before its message.
+ENDINGS = {
+    StepStatus.SKIPPED: "Skipped",
+    StepStatus.FAILURE: "Failed",
+    StepStatus.SYSTEM_ERROR: "Could not be run",
+    StepStatus.CANCELLED: "Cancelled",
+}
+
+
+@login_required
+def run_step(request: HttpRequest, run_id: Any, step: str) -> HttpResponse:
+    """A step's part of the run page, asked for when the step is opened (and again when its
+    status changes while open): why it ended as it did, its outputs (sensitive ones masked),
+    its spec as evaluated (what it read of secrets and connections masked), and the Puppet
+    run it started."""
+    run = _run(request, run_id)
+    step_run = get_object_or_404(StepRun.objects.select_related("run"), run=run, name=step)
+    spec, spec_problem = engine.shown_spec(step_run)
+    puppet = puppet_run_of(step_run)
+    return render(
+        request,
+        "pages/_step_detail.html",
+        {
+            "run": run,
+            "step": step_run,
+            "ending": ENDINGS.get(step_run.status, ""),  # type: ignore[call-overload]
+            "when": engine.parsed(run.revision_id).step(step).when is not None,
+            "outputs": json.dumps(step_run.shown_outputs, indent=2, sort_keys=True)
+            if step_run.outputs
+            else "",
+            "spec": json.dumps(spec, indent=2, sort_keys=True, default=str) if spec is not None else "",
+            "spec_problem": spec_problem,
+            "puppet": puppet,
+            "would_change": what_would_change(step_run.shown_outputs) if puppet is not None else "",
+        },
+    )
+
+
+def deleted_with(run: WorkflowRun) -> list[tuple[str, int]]:
+    """What deleting `run` deletes, as (what, how many): its steps, their logs, credentials…"""
+    collector = NestedObjects(using=router.db_for_write(WorkflowRun))
+    collector.collect([run])
+    return sorted(
+        (str(model._meta.verbose_name_plural), len(rows))
+        for model, rows in collector.data.items()
+        if model is not WorkflowRun
+    )
+
+
+@login_required
+def delete_run(request: HttpRequest, run_id: Any) -> HttpResponse:
+    """A complete run deleted, after a page that says what goes with it; for those who may
+    delete the workflow's runs (workflows.permissions: its owner, or delete_workflowrun)."""
+    run = _run(request, run_id)
+    if not may(request.user, Action.DELETE_RUNS, run.workflow):
+        raise PermissionDenied("Deleting runs needs the permission to (workflows.delete_workflowrun).")
+    if run.status != RunStatus.COMPLETE:
+        messages.error(request, "The run is not complete: cancel it first, then delete it.")
+        return redirect("pages:run", run_id=run.pk)
+    if request.method == "POST":
+        number = WorkflowRun.objects.filter(workflow_id=run.workflow_id).filter(not_after(run)).count()
+        run.delete()
+        messages.success(request, f"Deleted: {run.workflow.name} #{number}, with its steps.")
+        return redirect("pages:workflow", workflow_id=run.workflow_id)
+    return render(request, "pages/run_delete.html", {"run": run, "deleted_with": deleted_with(run)})

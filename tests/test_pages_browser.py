@@ -113,7 +113,7 @@ def test_made_from_yaml_started_from_the_form_watched_live_and_approved_on_the_p
             expect(approval).to_contain_text("waits for an answer: Deploy to the nodes?", timeout=30_000)
             expect(page.locator("#row-check")).to_contain_text("success")
             # The log of a step that started after the page loaded, tailed into it.
-            expect(page.locator("#step-report pre")).to_have_text("would change 3 files on web-*\n")
+            expect(page.locator("#step-report pre.log")).to_have_text("would change 3 files on web-*\n")
             expect(page.locator("#node-check")).to_contain_text("success")  # the graph too
             assert page.evaluate("window.notReloaded") is True
             page.screenshot(path=tmp_path / "run-waiting.png", full_page=True)
@@ -124,7 +124,14 @@ def test_made_from_yaml_started_from_the_form_watched_live_and_approved_on_the_p
             page.wait_for_timeout(2500)
             assert page.evaluate("document.activeElement.closest('g.node').id") == "node-check"
             page.keyboard.press("Enter")
-            assert page.url.endswith("#row-check")
+            assert page.url.endswith("#step-check")
+            # which opens the step: its part, asked for then.
+            expect(page.locator("#step-check")).to_have_attribute("open", "")
+            expect(page.locator("#step-check .step-detail")).to_contain_text("Status")
+            # The step that waits: its spec as evaluated now, the parameter in it.
+            page.click("#step-report summary")
+            page.click("#step-report summary")
+            expect(page.locator("#step-report .step-detail pre.spec")).to_contain_text('"target": "web-*"')
 
             approval.locator("button", has_text="Approve").click()
             expect(page.locator(".messages")).to_contain_text("Approved: approve-deploy.")

@@ -1,4 +1,6 @@
+import json as _json
 from datetime import UTC, datetime
+from typing import Any
 
 from django import template
 
@@ -11,3 +13,9 @@ def utc(value: datetime | None) -> str:
     if value is None:
         return ""
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@register.filter
+def json(value: Any) -> str:
+    """A value as JSON text (escaped by the template as any text)."""
+    return _json.dumps(value, sort_keys=True, default=str)

@@ -1,0 +1,41 @@
+// The run page (pages/templates/pages/run_detail.html): a step's part (why it ended, outputs,
+// spec, Puppet run) is asked for when its <details> opens, and again when its status changes
+// while it is open (the live part swaps the status labels in: htmx's out-of-band swaps). A
+// step chosen in the picture (its link, #step-<name>) opens.
+(function () {
+  "use strict";
+
+  function label(details) {
+    var status = details.querySelector("summary .log-status");
+    return status ? status.textContent : "";
+  }
+
+  function load(details) {
+    var part = details.querySelector(".step-detail");
+    if (!part) { return; }
+    part.dataset.status = label(details);
+    fetch(part.dataset.url, { credentials: "same-origin" })
+      .then(function (response) { return response.ok ? response.text() : ""; })
+      .then(function (html) { part.innerHTML = html; });
+  }
+
+  function openChosen() {
+    var id = decodeURIComponent(window.location.hash.slice(1));
+    var details = id ? document.getElementById(id) : null;
+    if (details && details.matches("details.step")) { details.open = true; }
+  }
+
+  // <details> toggle events do not bubble: caught on their way down.
+  document.addEventListener("toggle", function (event) {
+    var details = event.target;
+    if (details.matches && details.matches("details.step") && details.open) { load(details); }
+  }, true);
+  document.addEventListener("htmx:afterSettle", function () {
+    document.querySelectorAll("details.step[open]").forEach(function (details) {
+      var part = details.querySelector(".step-detail");
+      if (part && part.dataset.status !== label(details)) { load(details); }
+    });
+  });
+  window.addEventListener("hashchange", openChosen);
+  document.addEventListener("DOMContentLoaded", openChosen);
+})();
