@@ -285,3 +285,29 @@ def test_the_admin_shows_a_run_without_save_and_delete_only_to_who_may_once_comp
     assert "Step run" in page  # what goes with it
     owner.post(f"/admin/workflows/workflowrun/{run.pk}/delete/", {"post": "yes"})
     assert not WorkflowRun.objects.filter(pk=run.pk).exists()
+
+
+def test_a_puppet_step_s_part_links_its_puppet_run_with_nodes_outcome_and_what_would_change(
+    alice, connection
+):
+    from runs.models import Run
+    from workflows.models import StepRun
+
+    puppet = Run.create_for(connection[0], {"noop": True, "scope": {"nodes": ["web-1"]}})
+    Run.objects.filter(pk=puppet.pk).update(status="complete", outcome="success")
+    run = engine.create_run(make_workflow(alice, SOURCE), {"target": "web"}, created_by=alice)
+    nodes = [
+        {
+            "name": "web-1",
+            "changes_pending": True,
+            "resources": [{"type": "File", "title": "/etc/motd", "changes": [{"property": "content"}]}],
+        }
+    ]
+    StepRun.objects.filter(run=run, name="a").update(
+        status="success", outputs={"id": str(puppet.pk), "results": {"nodes": nodes}}
+    )
+    part = logged_in(alice).get(f"/app/runs/{run.pk}/steps/a/").content.decode()
+    assert f'<a href="/admin/runs/run/{puppet.pk}/change/">{puppet.pk}</a>' in part
+    assert "dry run (noop)" in part and "status-success" in part
+    assert "&quot;web-1&quot;" in part  # its nodes
+    assert "<strong>web-1</strong>: changes pending<br>File[/etc/motd] content" in part
