@@ -2,7 +2,6 @@
 (workflows.permissions, as the API and the admin do), ask the engine, render."""
 
 import difflib
-import hashlib
 import itertools
 import json
 from datetime import datetime
@@ -19,7 +18,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from pages import graph
+from pages import graph, live
 from pages.forms import RunForm
 from workflows import engine
 from workflows.admin import puppet_run_of, what_would_change
@@ -222,7 +221,9 @@ def evidence(run: WorkflowRun, before: tuple[str, ...]) -> list[tuple[str, str, 
     ]
 
 
-def _run_context(request: HttpRequest, run: WorkflowRun) -> dict[str, Any]:
+def _run_context(request: HttpRequest, run: WorkflowRun, version: str) -> dict[str, Any]:
+    """What the run page shows of `run`, read after its `version` (pages.live): a change in
+    between is shown, and the page's next ask, with the older version, renders it again."""
     steps = list(
         StepRun.objects.filter(run=run).defer("outputs", "state", "decorators").select_related("decided_by")
     )
@@ -238,12 +239,8 @@ def _run_context(request: HttpRequest, run: WorkflowRun) -> dict[str, Any]:
     shown = {step.name: (step.status, step.duration) for step in steps}  # type: ignore[attr-defined]
     complete = run.status == RunStatus.COMPLETE
     may_cancel = not complete and may(request.user, Action.CANCEL, run.workflow)
-    seen = [
-        (run.status, run.outcome, run.message, run.started_at, run.ended_at, may_approve, may_cancel),
-        *((s.status, s.decision, s.decided_by_id, s.message, s.started_at, s.ended_at) for s in steps),
-    ]
     return {
-        "version": hashlib.sha256(repr(seen).encode()).hexdigest()[:16],
+        "version": version,
         "run": run,
         "status_word": run_status(run),
         "duration": duration(run.started_at, run.ended_at) if run.ended_at else "",
@@ -260,21 +257,22 @@ def _run_context(request: HttpRequest, run: WorkflowRun) -> dict[str, Any]:
 @login_required
 def run_detail(request: HttpRequest, run_id: Any) -> HttpResponse:
     run = _run(request, run_id)
-    context = _run_context(request, run)
+    context = _run_context(request, run, live.current_version(run.pk))
     context["number"] = WorkflowRun.objects.filter(workflow_id=run.workflow_id).filter(not_after(run)).count()
     return render(request, "pages/run_detail.html", context)
 
 
 @login_required
 def run_live(request: HttpRequest, run_id: Any) -> HttpResponse:
-    """The run page's changing part, which the page asks for each second until the run ends:
-    204 while what it shows has not changed (htmx then leaves the page alone, and the focus
-    where it was)."""
+    """The run page's changing part, which the page asks for again and again until the run
+    ends, with the version it shows: 204 while that is the run's (htmx then leaves the page
+    alone, and the focus where it was). Under the ASGI server the request has waited for a
+    change before it comes here (pages.live)."""
     run = _run(request, run_id)
-    context = _run_context(request, run)
-    if request.headers.get("X-Live-Version") == context["version"]:
-        return HttpResponse(status=204)
-    return render(request, "pages/_run_live.html", {**context, "oob": True})
+    version = live.current_version(run.pk)
+    if request.headers.get("X-Live-Version") == version:
+        return HttpResponse(status=204, headers={"Cache-Control": "no-store"})
+    return render(request, "pages/_run_live.html", {**_run_context(request, run, version), "oob": True})
 
 
 @login_required

@@ -6,7 +6,9 @@ import re
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from tests.workflow_helpers import NOOP, make_workflow, steps_of, waiting_at_gate
 from workflows import engine
@@ -173,10 +175,14 @@ def test_without_the_permission_there_is_no_button_and_the_server_refuses(waitin
 def test_the_live_part_stops_asking_once_the_run_is_complete(waiting, alice):
     owner = logged_in(alice)
     live = owner.get(f"/app/runs/{waiting.run_id}/live/").content.decode()
-    assert 'hx-trigger="every 1s"' in live and ">Cancel run</button>" in live
+    assert 'hx-trigger="load, again"' in live and ">Cancel run</button>" in live
     version = re.search(r'"X-Live-Version": "(\w+)"', live).group(1)
-    unchanged = owner.get(f"/app/runs/{waiting.run_id}/live/", headers={"X-Live-Version": version})
+    with CaptureQueriesContext(connection) as queries:
+        unchanged = owner.get(f"/app/runs/{waiting.run_id}/live/", headers={"X-Live-Version": version})
     assert unchanged.status_code == 204  # nothing to swap: htmx leaves the page (and its focus) alone
+    # Without the server's loop (pages.live), each ask is Django's: the session, the user, the
+    # run (as the user may see it) and its version.
+    assert len(queries) == 4, [q["sql"] for q in queries.captured_queries]
     owner.post(f"/app/runs/{waiting.run_id}/cancel/")
     engine.advance(waiting.run_id)
     live = owner.get(

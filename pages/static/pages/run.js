@@ -1,4 +1,5 @@
-// The run page (pages/templates/pages/run_detail.html): a step's part (why it ended, outputs,
+// The run page (pages/templates/pages/run_detail.html): its live part asks again and again;
+// a step's part (why it ended, outputs,
 // spec, Puppet run) is asked for when its <details> opens, and again when its status changes
 // while it is open (the live part swaps the status labels in: htmx's out-of-band swaps). A
 // step chosen in the picture (its link, #step-<name>) opens.
@@ -35,6 +36,20 @@
       var part = details.querySelector(".step-detail");
       if (part && part.dataset.status !== label(details)) { load(details); }
     });
+  });
+  // The live part asks again (its hx-trigger "again") when an ask changed nothing (204): at
+  // once after the server waited for a change (pages.live), else a second later; and five
+  // seconds after a failure. A changed part is swapped in and asks by itself ("load").
+  document.addEventListener("htmx:afterRequest", function (event) {
+    var live = event.detail.elt;
+    if (!live || live.id !== "live" || !document.body.contains(live)) { return; }
+    var xhr = event.detail.xhr;
+    if (xhr && xhr.status === 204) {
+      var waited = xhr.getResponseHeader("X-Live-Waited") === "1";
+      setTimeout(function () { htmx.trigger(live, "again"); }, waited ? 0 : 1000);
+    } else if (event.detail.failed || !xhr || xhr.status === 0) {
+      setTimeout(function () { htmx.trigger(live, "again"); }, 5000);
+    }
   });
   window.addEventListener("hashchange", openChosen);
   document.addEventListener("DOMContentLoaded", openChosen);
