@@ -22,60 +22,26 @@ Without the server's loop (the test client, `runserver`, SQLite), Django answers
 
 import asyncio
 import functools
-import hashlib
-import hmac
 import logging
 import re
 import uuid
-from collections.abc import Callable
-from datetime import datetime
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from http.cookies import SimpleCookie
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
-from django.db.models import QuerySet
+from django.db import close_old_connections, connection
 
+from pages.versions import TICKET_PLACEHOLDER, shown_rows, ticket_rights, version_of
+from pages.views import live_part
 from relay import adb
 from runs.longpoll import App, Receive, Scope, Send, deadlines, held_then
 from runs.notify import listener
-from workflows.models import WorkflowRun
 
-# What the live part shows that can change (workflows.models.SHOWN_LIVE, the steps' part,
-# wakes the pages when it changes).
-LIVE_FIELDS = (
-    "status",
-    "outcome",
-    "message",
-    "started_at",
-    "ended_at",
-    "steps__name",
-    "steps__status",
-    "steps__decision",
-    "steps__decided_by_id",
-    "steps__message",
-    "steps__started_at",
-    "steps__ended_at",
-)
 PATH = re.compile(r"^/app/runs/([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})/live/$")
 VERSION = re.compile(r"^[0-9a-f]{16}$")
 log = logging.getLogger(__name__)
-
-
-def shown_rows(run_id: Any) -> QuerySet:
-    """The run's shown fields with each step's, in one query (a run without steps: one row)."""
-    return WorkflowRun.objects.filter(pk=run_id).order_by("steps__index").values_list(*LIVE_FIELDS)
-
-
-def version_of(rows: list[tuple]) -> str:
-    """The rows' version: the same from the ORM (Django) and from psycopg (the loop)."""
-    plain = [tuple(v.timestamp() if isinstance(v, datetime) else v for v in row) for row in rows]
-    key = settings.SECRET_KEY.encode()
-    return hmac.new(key, repr(plain).encode(), hashlib.sha256).hexdigest()[:16]
-
-
-def current_version(run_id: Any) -> str:
-    """The version, through Django's connection (one query)."""
-    return version_of(list(shown_rows(run_id)))
 
 
 @functools.cache
@@ -151,30 +117,44 @@ class Watch:
 _watches: dict[uuid.UUID, Watch] = {}
 
 
-def wanted(scope: Scope) -> tuple[uuid.UUID, str] | None:
-    """(run id, version the page has) when this is an open run page asking; else None."""
+Answer = Callable[[Send], Awaitable[None]]
+
+
+def wanted(scope: Scope) -> tuple[uuid.UUID, str, str, str] | None:
+    """(run id, version the page has, its ticket, the session's key) when this is an open
+    run page asking; else None."""
     if scope["type"] != "http" or scope["method"] != "GET":
         return None
     match = PATH.match(scope["path"])
     if match is None:
         return None
-    version = ""
+    version, ticket, cookies = "", "", ""
     for name, value in scope["headers"]:
         if name == b"x-live-version":
             version = value.decode("latin-1")
+        elif name == b"x-live-ticket":
+            ticket = value.decode("latin-1")
+        elif name == b"cookie":
+            cookies = value.decode("latin-1")
         elif name in (b"content-length", b"transfer-encoding") and value != b"0":
             return None
     if not VERSION.match(version):
         return None
-    return uuid.UUID(match[1]), version
+    session = SimpleCookie()
+    try:
+        session.load(cookies)
+    except Exception:  # a cookie header the standard library cannot read: Django's then
+        return None
+    morsel = session.get(settings.SESSION_COOKIE_NAME)
+    return uuid.UUID(match[1]), version, ticket, morsel.value if morsel is not None else ""
 
 
-async def wait_for_change(run_id: uuid.UUID, version: str, seconds: float) -> bool:
-    """True once the run's version is not `version` (Django answers then); False when it
-    still is after `seconds`. True at once when this process has PAGES_LIVE_MAX_WAITERS
-    pages waiting (Django answers then: 204, and the page asks again a second later)."""
+async def wait_for_change(run_id: uuid.UUID, version: str, seconds: float) -> str | None:
+    """The run's version once it is not `version`; None when it still is after `seconds`.
+    "" at once when this process has PAGES_LIVE_MAX_WAITERS pages waiting (Django answers
+    then: 204, and the page asks again a second later)."""
     if sum(len(watch.waiters) for watch in _watches.values()) >= settings.PAGES_LIVE_MAX_WAITERS:
-        return True
+        return ""
     await listener.astart()
     loop = asyncio.get_running_loop()
     watch = _watches.get(run_id)
@@ -184,9 +164,11 @@ async def wait_for_change(run_id: uuid.UUID, version: str, seconds: float) -> bo
     watch.waiters[future] = version
     try:
         if watch.version is not None and watch.version != version:
-            return True
+            return watch.version
         deadlines().add(loop.time() + seconds, future)
-        return await future
+        if not await future:
+            return None
+        return watch.version or ""
     finally:
         del watch.waiters[future]
         if not watch.waiters:
@@ -204,16 +186,79 @@ async def unchanged(send: Send) -> None:
     await send({"type": "http.response.body", "body": b""})
 
 
+# The live part as rendered for the pages of one run, version and rights: once per change in
+# each process, however many pages it goes to (a render is also a few queries).
+_parts: OrderedDict[tuple, asyncio.Future] = OrderedDict()
+PARTS_KEPT = 64
+rendered = 0  # parts rendered for the loop (the tests read it)
+
+
+async def shared_part(run_id: uuid.UUID, version: str, rights: tuple[bool, bool], app: App) -> str | None:
+    global rendered
+    key = (run_id, version, rights)
+    future = _parts.get(key)
+    if future is None or future.get_loop() is not asyncio.get_running_loop():
+        loop = asyncio.get_running_loop()
+        # In Django's threads (relay.django_asgi), as its views: the ORM is synchronous.
+        threads = getattr(app, "threads", None)
+        future = _parts[key] = loop.run_in_executor(threads, _render, run_id, version, rights)
+        rendered += 1
+        while len(_parts) > PARTS_KEPT:
+            _parts.popitem(last=False)
+    try:
+        return await asyncio.shield(future)
+    except Exception as exc:
+        _parts.pop(key, None)
+        log.warning("a run page's live part could not be rendered: %r", exc)
+        return None
+
+
+def _render(run_id: uuid.UUID, version: str, rights: tuple[bool, bool]) -> str | None:
+    close_old_connections()  # as a request's start and end do for Django's views
+    try:
+        return live_part(run_id, version, *rights)
+    finally:
+        close_old_connections()
+
+
+def sending(part: str, ticket: str) -> Answer:
+    body = part.replace(TICKET_PLACEHOLDER, ticket).encode()
+
+    async def send_part(send: Send) -> None:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"text/html; charset=utf-8"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"cache-control", b"no-store"),
+                    (b"x-content-type-options", b"nosniff"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    return send_part
+
+
 async def waiting_then(app: App, scope: Scope, receive: Receive, send: Send) -> bool:
-    """Serve an open run page's request after its wait and return True; False (nothing
-    done) when the request is not one, or there is no loop's pool to wait with."""
+    """Serve an open run page's ask after its wait and return True; False (nothing done)
+    when the request is not one, or there is no loop's pool to wait with."""
     asking = wanted(scope)
     if asking is None or adb.pool() is None:
         return False
-    run_id, version = asking
+    run_id, version, ticket, session_key = asking
 
-    async def wait() -> bool:
-        return await wait_for_change(run_id, version, settings.PAGES_LIVE_WAIT)
+    async def wait() -> Answer | None:
+        now = await wait_for_change(run_id, version, settings.PAGES_LIVE_WAIT)
+        if now is None:
+            return unchanged
+        rights = ticket_rights(ticket, run_id, session_key) if now else None
+        if rights is None:
+            return None  # Django's: it checks the session and the user, and gives a new ticket
+        part = await shared_part(run_id, now, rights, app)
+        return sending(part, ticket) if part is not None else None
 
-    await held_then(app, scope, receive, send, wait, unchanged)
+    await held_then(app, scope, receive, send, wait)
     return True

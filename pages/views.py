@@ -15,10 +15,11 @@ from django.db import router
 from django.db.models import Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
+from django.template.loader import render_to_string
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from pages import graph, live
+from pages import graph, versions
 from pages.forms import RunForm
 from workflows import engine
 from workflows.admin import puppet_run_of, what_would_change
@@ -221,14 +222,14 @@ def evidence(run: WorkflowRun, before: tuple[str, ...]) -> list[tuple[str, str, 
     ]
 
 
-def _run_context(request: HttpRequest, run: WorkflowRun, version: str) -> dict[str, Any]:
-    """What the run page shows of `run`, read after its `version` (pages.live): a change in
-    between is shown, and the page's next ask, with the older version, renders it again."""
+def _run_context(run: WorkflowRun, version: str, may_approve: bool, may_cancel: bool) -> dict[str, Any]:
+    """What the live part shows of `run` to a user with these rights, read after its
+    `version` (pages.versions): a change in between is shown, and the page's next ask, with
+    the older version, renders it again."""
     steps = list(
         StepRun.objects.filter(run=run).defer("outputs", "state", "decorators").select_related("decided_by")
     )
     document = engine.parsed(run.revision_id)
-    may_approve = may(request.user, Action.APPROVE, run.workflow)
     for step in steps:
         # Only once ended: a duration ticking each second would change the page each second.
         step.duration = duration(step.started_at, step.ended_at) if step.ended_at else ""  # type: ignore[attr-defined]
@@ -238,7 +239,6 @@ def _run_context(request: HttpRequest, run: WorkflowRun, version: str) -> dict[s
             step.evidence = evidence(run, document.step(step.name).after)  # type: ignore[attr-defined]
     shown = {step.name: (step.status, step.duration) for step in steps}  # type: ignore[attr-defined]
     complete = run.status == RunStatus.COMPLETE
-    may_cancel = not complete and may(request.user, Action.CANCEL, run.workflow)
     return {
         "version": version,
         "run": run,
@@ -249,16 +249,23 @@ def _run_context(request: HttpRequest, run: WorkflowRun, version: str) -> dict[s
         "svg": graph.workflow_svg(document, shown),
         "complete": complete,
         "may_approve": may_approve,
-        "may_cancel": may_cancel,
-        "may_delete": complete and may(request.user, Action.DELETE_RUNS, run.workflow),
+        "may_cancel": may_cancel and not complete,
     }
+
+
+def _rights(request: HttpRequest, run: WorkflowRun) -> tuple[bool, bool]:
+    """Whether the user may answer the run's approvals, and cancel it."""
+    return may(request.user, Action.APPROVE, run.workflow), may(request.user, Action.CANCEL, run.workflow)
 
 
 @login_required
 def run_detail(request: HttpRequest, run_id: Any) -> HttpResponse:
     run = _run(request, run_id)
-    context = _run_context(request, run, live.current_version(run.pk))
+    rights = _rights(request, run)
+    context = _run_context(run, versions.current_version(run.pk), *rights)
+    context["ticket"] = versions.ticket_for(request, run, *rights)
     context["number"] = WorkflowRun.objects.filter(workflow_id=run.workflow_id).filter(not_after(run)).count()
+    context["may_delete"] = context["complete"] and may(request.user, Action.DELETE_RUNS, run.workflow)
     return render(request, "pages/run_detail.html", context)
 
 
@@ -266,13 +273,33 @@ def run_detail(request: HttpRequest, run_id: Any) -> HttpResponse:
 def run_live(request: HttpRequest, run_id: Any) -> HttpResponse:
     """The run page's changing part, which the page asks for again and again until the run
     ends, with the version it shows: 204 while that is the run's (htmx then leaves the page
-    alone, and the focus where it was). Under the ASGI server the request has waited for a
-    change before it comes here (pages.live)."""
+    alone, and the focus where it was). Under the ASGI server the ask has waited for a change
+    before it comes here, and comes here only when its ticket would not do (pages.live)."""
     run = _run(request, run_id)
-    version = live.current_version(run.pk)
+    version = versions.current_version(run.pk)
     if request.headers.get("X-Live-Version") == version:
         return HttpResponse(status=204, headers={"Cache-Control": "no-store"})
-    return render(request, "pages/_run_live.html", {**_run_context(request, run, version), "oob": True})
+    rights = _rights(request, run)
+    context = {**_run_context(run, version, *rights), "oob": True}
+    context["ticket"] = versions.ticket_for(request, run, *rights)
+    return render(request, "pages/_run_live.html", context)
+
+
+def live_part(run_id: Any, version: str, may_approve: bool, may_cancel: bool) -> str | None:
+    """The live part for every page of the run whose ticket gives these rights (pages.live
+    renders it once per change, without a request): no CSRF token in its forms (the page
+    adds its own: pages/static/pages/run.js), and a placeholder where each page's ticket goes.
+    None when the run is gone."""
+    runs = WorkflowRun.objects.select_related("workflow__owner", "revision", "created_by")
+    run = runs.filter(pk=run_id).first()
+    if run is None:
+        return None
+    context = {
+        **_run_context(run, version, may_approve, may_cancel),
+        "oob": True,
+        "ticket": versions.TICKET_PLACEHOLDER,
+    }
+    return render_to_string("pages/_run_live.html", context)
 
 
 @login_required

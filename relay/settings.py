@@ -374,6 +374,9 @@ WORKFLOW_RUNS_NOTIFY_CHANNEL = "relay_workflow_runs"
 # at once, and ask again a second later).
 PAGES_LIVE_WAIT = env.int("PAGES_LIVE_WAIT", default=25)
 PAGES_LIVE_MAX_WAITERS = env.int("PAGES_LIVE_MAX_WAITERS", default=2000)
+# Seconds an open run page's ticket stands for its session and permissions (pages.versions):
+# the loop sends it changes without asking Django; a permission taken away shows that late.
+PAGES_LIVE_TICKET_AGE = env.int("PAGES_LIVE_TICKET_AGE", default=300)
 # Largest JSON request body any API view parses; larger is a 413 before it is read.
 API_MAX_BODY_BYTES = env.int("API_MAX_BODY_BYTES", default=2 * 1024 * 1024)
 

@@ -176,9 +176,8 @@ async def waiting_then(app: App, scope: Scope, receive: Receive, send: Send) -> 
         await app(scope, receive, send)
         return
 
-    async def wait() -> bool:
+    async def wait() -> None:
         await hold(scope, seconds)
-        return True
 
     await held_then(app, scope, receive, send, wait)
 
@@ -188,11 +187,10 @@ async def held_then(
     scope: Scope,
     receive: Receive,
     send: Send,
-    wait: Callable[[], Awaitable[bool]],
-    otherwise: Callable[[Send], Awaitable[None]] | None = None,
+    wait: Callable[[], Awaitable[Callable[[Send], Awaitable[None]] | None]],
 ) -> None:
     """Await `wait()` before Django sees the request (no thread held), then serve it with
-    `app`; or, when `wait()` returns False, answer with `otherwise(send)` instead. A client
+    `app`; or, when `wait()` returns an answer, send that instead (answer(send)). A client
     that goes away while waiting ends it: nothing is sent. The long-poll above, and an open
     run page's (pages.live)."""
     first = await receive()  # the (empty) body: the request is whole before it waits
@@ -211,9 +209,9 @@ async def held_then(
         watch = asyncio.ensure_future(receive())
         on_watch = _cancelling(this)
         watch.add_done_callback(on_watch)
-    go_on = True
+    answer = None
     try:
-        go_on = await wait()
+        answer = await wait()
     except asyncio.CancelledError:
         if _gone(scope, watch):
             this.uncancel()  # our own cancel: the client went away
@@ -234,10 +232,10 @@ async def held_then(
         assert watch is not None
         watch.remove_done_callback(on_watch)
         receive_next = _awaiting(watch)
-    if not go_on and otherwise is not None:
+    if answer is not None:
         if watch is not None:
             watch.cancel()  # nothing more is read of this request
-        await otherwise(send)
+        await answer(send)
         return
     replay: list[Message] = [first]
 

@@ -51,6 +51,17 @@
       setTimeout(function () { htmx.trigger(live, "again"); }, 5000);
     }
   });
+  // A live part the server rendered once for every page watching the run has no CSRF token
+  // in its forms (pages.views.live_part): each page adds its own as the form is sent.
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    if (form.method.toLowerCase() !== "post" || form.querySelector("[name=csrfmiddlewaretoken]")) { return; }
+    var token = document.createElement("input");
+    token.type = "hidden";
+    token.name = "csrfmiddlewaretoken";
+    token.value = document.body.dataset.csrfToken;
+    form.appendChild(token);
+  }, true);
   window.addEventListener("hashchange", openChosen);
   document.addEventListener("DOMContentLoaded", openChosen);
 })();
