@@ -17,6 +17,7 @@ It makes its own database (relay_bench_pages) and OpenBao dev server, and prints
 """
 
 import argparse
+import json
 import re
 import statistics
 import sys
@@ -97,7 +98,7 @@ def main() -> None:
         print(line("(a) run page, 50 steps", timed(client, page, args.requests)))
         live = f"{page}live/"
         print(line("(a) its live part, changed", timed(client, live, args.requests)))
-        version = client.get(live).content.decode().split('"X-Live-Version": "')[1].split('"')[0]
+        version = re.search(r'"X-Live-Version": "(\w+)"', client.get(live).content.decode())[1]
         print(
             line(
                 "(a) its live part, unchanged (204)",
@@ -163,9 +164,11 @@ class Watcher(threading.Thread):
     """One open run page: asks for the live part with the version it has, again and again,
     as pages/static/pages/run.js does; notes when each new part came."""
 
-    def __init__(self, url: str, cookies: dict[str, str], version: str, stop: threading.Event) -> None:
+    def __init__(
+        self, url: str, cookies: dict[str, str], headers: dict[str, str], stop: threading.Event
+    ) -> None:
         super().__init__(daemon=True)
-        self.url, self.version, self.stop = url, version, stop
+        self.url, self.headers, self.stop = url, headers, stop
         self.session = requests.Session()
         self.session.cookies.update(cookies)
         self.changes: list[tuple[float, str]] = []  # (when, status words shown)
@@ -174,13 +177,13 @@ class Watcher(threading.Thread):
     def run(self) -> None:
         while not self.stop.is_set():
             try:
-                answer = self.session.get(self.url, headers={"X-Live-Version": self.version}, timeout=60)
+                answer = self.session.get(self.url, headers=self.headers, timeout=60)
             except requests.RequestException:
                 time.sleep(1)
                 continue
             self.asks += 1
             if answer.status_code == 200:
-                self.version = re.search(r'"X-Live-Version": "(\w+)"', answer.text)[1]
+                self.headers = json.loads(re.search(r"hx-headers='([^']*)'", answer.text)[1])
                 self.changes.append((time.monotonic(), answer.text))
             elif answer.status_code != 204:
                 time.sleep(1)
@@ -200,13 +203,13 @@ def watchers(env: dict[str, str], client, run, count: int) -> None:
     from workflows.models import StepRun
 
     page = client.get(f"/app/runs/{run.pk}/").content.decode()
-    version = page.split('"X-Live-Version": "')[1].split('"')[0]
+    headers = json.loads(re.search(r"hx-headers='([^']*)'", page)[1])
     cookies = {"sessionid": client.cookies["sessionid"].value}
     database = "relay_bench_pages"
     with service.gunicorn(env) as (port, _):
         stop = threading.Event()
         url = f"http://127.0.0.1:{port}/app/runs/{run.pk}/live/"
-        pages = [Watcher(url, cookies, version, stop) for _ in range(count)]
+        pages = [Watcher(url, cookies, headers, stop) for _ in range(count)]
         for watcher in pages:
             watcher.start()
         time.sleep(5)  # all asking
