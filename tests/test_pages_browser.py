@@ -5,7 +5,9 @@ answered on the page; a viewer without the permission gets no button and a refus
 Screenshots of each page go to the test's tmp_path."""
 
 from collections.abc import Iterator
+from datetime import UTC
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -318,3 +320,30 @@ def test_the_steps_labels_follow_the_steps_without_their_logs_being_opened(
             page.close()
 
     browser.run(journey)
+
+
+def test_times_show_to_the_second_in_the_browser_s_time_zone_saying_which(
+    live_server, browser: BrowserThread, tmp_path: Path
+):
+    owner = User.objects.create_user("ops", password="ops-password-1")
+    run = engine.create_run(make_workflow(owner, CANCEL_AND_FAIL, "slow"), {}, created_by=owner)
+    created = run.created_at.astimezone(ZoneInfo("Asia/Kolkata")).strftime("%Y-%m-%d %H:%M:%S")
+    url = live_server.url
+
+    def journey(browser: Browser) -> tuple[str, str, str]:
+        context = browser.new_context(timezone_id="Asia/Kolkata")
+        page = context.new_page()
+        try:
+            log_in(page, url, "ops", "ops-password-1")
+            page.goto(f"{url}/app/runs/{run.pk}/")
+            created = page.locator("main > p time").first
+            expect(created).to_have_attribute("data-local", "true")
+            page.screenshot(path=tmp_path / "run-local-times.png", full_page=True)
+            return created.text_content(), created.get_attribute("title"), created.get_attribute("datetime")
+        finally:
+            context.close()
+
+    shown, title, moment = browser.run(journey)
+    assert shown == f"{created} GMT+5:30"
+    assert title == run.created_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    assert moment == run.created_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

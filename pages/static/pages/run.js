@@ -17,7 +17,10 @@
     part.dataset.status = label(details);
     fetch(part.dataset.url, { credentials: "same-origin" })
       .then(function (response) { return response.ok ? response.text() : ""; })
-      .then(function (html) { part.innerHTML = html; });
+      .then(function (html) {
+        part.innerHTML = html;
+        part.dispatchEvent(new CustomEvent("relay:part-loaded", { bubbles: true }));
+      });
   }
 
   function openChosen() {
