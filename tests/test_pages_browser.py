@@ -247,9 +247,12 @@ def test_a_run_cancelled_from_its_page_and_a_failed_one_say_so(
             page.fill("#id_fail", "the check found drift")
             page.click("button[type=submit]")
             expect(page.locator("h1")).to_have_text("slow #2")
+            page.click("#step-slow summary")  # opened while it runs: its part follows it
             expect(page.locator("#run-status")).to_have_text("failure", timeout=30_000)
             expect(page.locator("#row-slow")).to_contain_text("the check found drift")
             expect(page.locator("#node-slow")).to_contain_text("failure")
+            expect(page.locator("#step-slow .why")).to_have_text("Failed: the check found drift")
+            expect(page.locator("#step-after .log-status")).to_have_text("skipped")
             page.screenshot(path=tmp_path / "run-failed.png", full_page=True)
         finally:
             page.close()
