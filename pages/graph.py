@@ -66,7 +66,7 @@ def dot_source(nodes: Sequence[Node], edges: Sequence[tuple[str, str, bool]]) ->
             words.append(node.status + (f" · {node.duration}" if node.duration else ""))
         attributes = {
             "label": '"' + "\\n".join(w.replace("\\", "\\\\").replace('"', '\\"') for w in words) + '"',
-            "URL": quoted(f"#row-{node.name}"),
+            "URL": quoted(f"#step-{node.name}"),
             "tooltip": quoted(f"{node.name}: {node.status or ('approval' if node.approval else 'step')}"),
             "id": quoted(f"node-{node.name}"),
             "shape": "hexagon" if node.approval else "box",

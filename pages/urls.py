@@ -23,6 +23,8 @@ urlpatterns = [
     path("runs/<uuid:run_id>/", views.run_detail, name="run"),
     path("runs/<uuid:run_id>/live/", views.run_live, name="run-live"),
     path("runs/<uuid:run_id>/cancel/", views.cancel, name="run-cancel"),
+    path("runs/<uuid:run_id>/delete/", views.delete_run, name="run-delete"),
+    path("runs/<uuid:run_id>/steps/<str:step>/", views.run_step, name="run-step"),
     path("runs/<uuid:run_id>/steps/<str:step>/approve/", views.answer, {"approve": True}, name="approve"),
     path("runs/<uuid:run_id>/steps/<str:step>/reject/", views.answer, {"approve": False}, name="reject"),
 ]

@@ -2,24 +2,27 @@
 (workflows.permissions, as the API and the admin do), ask the engine, render."""
 
 import difflib
-import hashlib
 import itertools
 import json
 from datetime import datetime
 from typing import Any
 
 from django.contrib import messages
+from django.contrib.admin.utils import NestedObjects
 from django.contrib.auth.decorators import login_required as _login_required
 from django.core.exceptions import PermissionDenied
+from django.db import router
 from django.db.models import Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
+from django.template.loader import render_to_string
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from pages import graph
+from pages import graph, versions
 from pages.forms import RunForm
 from workflows import engine
+from workflows.admin import puppet_run_of, what_would_change
 from workflows.dialect.problems import DocumentError
 from workflows.models import (
     Conflict,
@@ -219,12 +222,14 @@ def evidence(run: WorkflowRun, before: tuple[str, ...]) -> list[tuple[str, str, 
     ]
 
 
-def _run_context(request: HttpRequest, run: WorkflowRun) -> dict[str, Any]:
+def _run_context(run: WorkflowRun, version: str, may_approve: bool, may_cancel: bool) -> dict[str, Any]:
+    """What the live part shows of `run` to a user with these rights, read after its
+    `version` (pages.versions): a change in between is shown, and the page's next ask, with
+    the older version, renders it again."""
     steps = list(
         StepRun.objects.filter(run=run).defer("outputs", "state", "decorators").select_related("decided_by")
     )
     document = engine.parsed(run.revision_id)
-    may_approve = may(request.user, Action.APPROVE, run.workflow)
     for step in steps:
         # Only once ended: a duration ticking each second would change the page each second.
         step.duration = duration(step.started_at, step.ended_at) if step.ended_at else ""  # type: ignore[attr-defined]
@@ -242,14 +247,8 @@ def _run_context(request: HttpRequest, run: WorkflowRun) -> dict[str, Any]:
         step.rollout = rolling.get(step.name)  # type: ignore[attr-defined]
     shown = {step.name: (step.status, step.duration) for step in steps}  # type: ignore[attr-defined]
     complete = run.status == RunStatus.COMPLETE
-    may_cancel = not complete and may(request.user, Action.CANCEL, run.workflow)
-    seen = [
-        (run.status, run.outcome, run.message, run.started_at, run.ended_at, may_approve, may_cancel),
-        *((s.status, s.decision, s.decided_by_id, s.message, s.started_at, s.ended_at) for s in steps),
-        sorted(rolling.items()),
-    ]
     return {
-        "version": hashlib.sha256(repr(seen).encode()).hexdigest()[:16],
+        "version": version,
         "run": run,
         "status_word": run_status(run),
         "duration": duration(run.started_at, run.ended_at) if run.ended_at else "",
@@ -258,28 +257,57 @@ def _run_context(request: HttpRequest, run: WorkflowRun) -> dict[str, Any]:
         "svg": graph.workflow_svg(document, shown),
         "complete": complete,
         "may_approve": may_approve,
-        "may_cancel": may_cancel,
+        "may_cancel": may_cancel and not complete,
     }
+
+
+def _rights(request: HttpRequest, run: WorkflowRun) -> tuple[bool, bool]:
+    """Whether the user may answer the run's approvals, and cancel it."""
+    return may(request.user, Action.APPROVE, run.workflow), may(request.user, Action.CANCEL, run.workflow)
 
 
 @login_required
 def run_detail(request: HttpRequest, run_id: Any) -> HttpResponse:
     run = _run(request, run_id)
-    context = _run_context(request, run)
+    rights = _rights(request, run)
+    context = _run_context(run, versions.current_version(run.pk), *rights)
+    context["ticket"] = versions.ticket_for(request, run, *rights)
     context["number"] = WorkflowRun.objects.filter(workflow_id=run.workflow_id).filter(not_after(run)).count()
+    context["may_delete"] = context["complete"] and may(request.user, Action.DELETE_RUNS, run.workflow)
     return render(request, "pages/run_detail.html", context)
 
 
 @login_required
 def run_live(request: HttpRequest, run_id: Any) -> HttpResponse:
-    """The run page's changing part, which the page asks for each second until the run ends:
-    204 while what it shows has not changed (htmx then leaves the page alone, and the focus
-    where it was)."""
+    """The run page's changing part, which the page asks for again and again until the run
+    ends, with the version it shows: 204 while that is the run's (htmx then leaves the page
+    alone, and the focus where it was). Under the ASGI server the ask has waited for a change
+    before it comes here, and comes here only when its ticket would not do (pages.live)."""
     run = _run(request, run_id)
-    context = _run_context(request, run)
-    if request.headers.get("X-Live-Version") == context["version"]:
-        return HttpResponse(status=204)
+    version = versions.current_version(run.pk)
+    if request.headers.get("X-Live-Version") == version:
+        return HttpResponse(status=204, headers={"Cache-Control": "no-store"})
+    rights = _rights(request, run)
+    context = {**_run_context(run, version, *rights), "oob": True}
+    context["ticket"] = versions.ticket_for(request, run, *rights)
     return render(request, "pages/_run_live.html", context)
+
+
+def live_part(run_id: Any, version: str, may_approve: bool, may_cancel: bool) -> str | None:
+    """The live part for every page of the run whose ticket gives these rights (pages.live
+    renders it once per change, without a request): no CSRF token in its forms (the page
+    adds its own: pages/static/pages/run.js), and a placeholder where each page's ticket goes.
+    None when the run is gone."""
+    runs = WorkflowRun.objects.select_related("workflow__owner", "revision", "created_by")
+    run = runs.filter(pk=run_id).first()
+    if run is None:
+        return None
+    context = {
+        **_run_context(run, version, may_approve, may_cancel),
+        "oob": True,
+        "ticket": versions.TICKET_PLACEHOLDER,
+    }
+    return render_to_string("pages/_run_live.html", context)
 
 
 @login_required
@@ -313,3 +341,70 @@ def cancel(request: HttpRequest, run_id: Any) -> HttpResponse:
     else:
         messages.success(request, "Cancelling: steps not started are skipped, steps in progress stopped.")
     return redirect("pages:run", run_id=run.pk)
+
+
+# Why a step ended as it did, in words before its message.
+ENDINGS = {
+    StepStatus.SKIPPED: "Skipped",
+    StepStatus.FAILURE: "Failed",
+    StepStatus.SYSTEM_ERROR: "Could not be run",
+    StepStatus.CANCELLED: "Cancelled",
+}
+
+
+@login_required
+def run_step(request: HttpRequest, run_id: Any, step: str) -> HttpResponse:
+    """A step's part of the run page, asked for when the step is opened (and again when its
+    status changes while open): why it ended as it did, its outputs (sensitive ones masked),
+    its spec as evaluated (what it read of secrets and connections masked), and the Puppet
+    run it started."""
+    run = _run(request, run_id)
+    step_run = get_object_or_404(StepRun.objects.select_related("run"), run=run, name=step)
+    spec, spec_problem = engine.shown_spec(step_run)
+    puppet = puppet_run_of(step_run)
+    return render(
+        request,
+        "pages/_step_detail.html",
+        {
+            "run": run,
+            "step": step_run,
+            "ending": ENDINGS.get(step_run.status, ""),  # type: ignore[call-overload]
+            "when": engine.parsed(run.revision_id).step(step).when is not None,
+            "outputs": json.dumps(step_run.shown_outputs, indent=2, sort_keys=True)
+            if step_run.outputs
+            else "",
+            "spec": json.dumps(spec, indent=2, sort_keys=True, default=str) if spec is not None else "",
+            "spec_problem": spec_problem,
+            "puppet": puppet,
+            "would_change": what_would_change(step_run.shown_outputs) if puppet is not None else "",
+        },
+    )
+
+
+def deleted_with(run: WorkflowRun) -> list[tuple[str, int]]:
+    """What deleting `run` deletes, as (what, how many): its steps, their logs, credentials…"""
+    collector = NestedObjects(using=router.db_for_write(WorkflowRun))
+    collector.collect([run])
+    return sorted(
+        (str(model._meta.verbose_name_plural), len(rows))
+        for model, rows in collector.data.items()
+        if model is not WorkflowRun
+    )
+
+
+@login_required
+def delete_run(request: HttpRequest, run_id: Any) -> HttpResponse:
+    """A complete run deleted, after a page that says what goes with it; for those who may
+    delete the workflow's runs (workflows.permissions: its owner, or delete_workflowrun)."""
+    run = _run(request, run_id)
+    if not may(request.user, Action.DELETE_RUNS, run.workflow):
+        raise PermissionDenied("Deleting runs needs the permission to (workflows.delete_workflowrun).")
+    if run.status != RunStatus.COMPLETE:
+        messages.error(request, "The run is not complete: cancel it first, then delete it.")
+        return redirect("pages:run", run_id=run.pk)
+    if request.method == "POST":
+        number = WorkflowRun.objects.filter(workflow_id=run.workflow_id).filter(not_after(run)).count()
+        run.delete()
+        messages.success(request, f"Deleted: {run.workflow.name} #{number}, with its steps.")
+        return redirect("pages:workflow", workflow_id=run.workflow_id)
+    return render(request, "pages/run_delete.html", {"run": run, "deleted_with": deleted_with(run)})

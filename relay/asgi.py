@@ -6,6 +6,7 @@
 - the long-poll's wait (runs.longpoll) in front of Django, so that a waiting bridge holds
   no thread (Django gives every request a thread of its own for its synchronous parts, from
   its first signal to its end);
+- an open run page's ask for its live part waiting for a change to the run (pages.live);
 - heartbeats answered on the loop when they can be (runs/api/fast.py), else by Django;
 - `GET /healthz` answered on the loop (relay.onloop, with Django's middleware and the same
   view): a load balancer's probe must not queue for a thread behind slow requests, nor pay
@@ -24,6 +25,7 @@ django.setup(set_prefix=False)
 from relay.django_asgi import ThreadedASGIHandler  # noqa: E402  (after Django is set up)
 
 django_application = ThreadedASGIHandler()
+from pages import live  # noqa: E402
 from relay import adb, onloop  # noqa: E402
 from relay.urls import healthz  # noqa: E402
 from runs.api import fast  # noqa: E402
@@ -71,6 +73,8 @@ async def application(scope: Scope, receive: Receive, send: Send) -> None:
         ):
             return
         receive = _replaying(messages, receive)
+    elif await live.waiting_then(django_application, scope, receive, send):
+        return  # an open run page's ask, answered after its wait
     await waiting_then(django_application, scope, receive, send)
 
 

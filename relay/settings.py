@@ -371,6 +371,17 @@ WEB_THREADS = env.int("WEB_THREADS", default=16)
 # Connections of each web process's asynchronous pool (relay.adb: long-poll, heartbeats).
 WEB_ASYNC_DB_CONNECTIONS = env.int("WEB_ASYNC_DB_CONNECTIONS", default=4)
 RUNS_NOTIFY_CHANNEL = "relay_runs"
+# A workflow run's status, or one of its steps', changed (workflows.models.notify_run_changed):
+# open run pages waiting on it (pages.live) look again.
+WORKFLOW_RUNS_NOTIFY_CHANNEL = "relay_workflow_runs"
+# Seconds an open run page's request waits for a change before it is answered "unchanged"
+# (204) and asks again; and how many may wait at once in one web process (more are answered
+# at once, and ask again a second later).
+PAGES_LIVE_WAIT = env.int("PAGES_LIVE_WAIT", default=25)
+PAGES_LIVE_MAX_WAITERS = env.int("PAGES_LIVE_MAX_WAITERS", default=2000)
+# Seconds an open run page's ticket stands for its session and permissions (pages.versions):
+# the loop sends it changes without asking Django; a permission taken away shows that late.
+PAGES_LIVE_TICKET_AGE = env.int("PAGES_LIVE_TICKET_AGE", default=300)
 # Largest JSON request body any API view parses; larger is a 413 before it is read.
 API_MAX_BODY_BYTES = env.int("API_MAX_BODY_BYTES", default=2 * 1024 * 1024)
 

@@ -175,6 +175,24 @@ async def waiting_then(app: App, scope: Scope, receive: Receive, send: Send) -> 
     if not seconds or adb.pool() is None:
         await app(scope, receive, send)
         return
+
+    async def wait() -> None:
+        await hold(scope, seconds)
+
+    await held_then(app, scope, receive, send, wait)
+
+
+async def held_then(
+    app: App,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    wait: Callable[[], Awaitable[Callable[[Send], Awaitable[None]] | None]],
+) -> None:
+    """Await `wait()` before Django sees the request (no thread held), then serve it with
+    `app`; or, when `wait()` returns an answer, send that instead (answer(send)). A client
+    that goes away while waiting ends it: nothing is sent. The long-poll above, and an open
+    run page's (pages.live)."""
     first = await receive()  # the (empty) body: the request is whole before it waits
     if first["type"] != "http.request":
         return
@@ -191,8 +209,9 @@ async def waiting_then(app: App, scope: Scope, receive: Receive, send: Send) -> 
         watch = asyncio.ensure_future(receive())
         on_watch = _cancelling(this)
         watch.add_done_callback(on_watch)
+    answer = None
     try:
-        await hold(scope, seconds)
+        answer = await wait()
     except asyncio.CancelledError:
         if _gone(scope, watch):
             this.uncancel()  # our own cancel: the client went away
@@ -213,6 +232,11 @@ async def waiting_then(app: App, scope: Scope, receive: Receive, send: Send) -> 
         assert watch is not None
         watch.remove_done_callback(on_watch)
         receive_next = _awaiting(watch)
+    if answer is not None:
+        if watch is not None:
+            watch.cancel()  # nothing more is read of this request
+        await answer(send)
+        return
     replay: list[Message] = [first]
 
     async def replayed() -> Message:

@@ -1,4 +1,5 @@
-"""Wake long-polling bridges when a run is created for their connection.
+"""Wake long-polling bridges when a run is created for their connection, and open run pages
+when their workflow run changes (WORKFLOW_RUNS_NOTIFY_CHANNEL, pages.live).
 
 One background thread per web process holds a PostgreSQL connection that LISTENs on
 RUNS_NOTIFY_CHANNEL; runs.models.notify_new_run() NOTIFYs with the connection id inside the
@@ -85,11 +86,12 @@ class Listener:
             try:
                 with psycopg.connect(**params, autocommit=True) as conn:
                     conn.execute(f"LISTEN {settings.RUNS_NOTIFY_CHANNEL}")
+                    conn.execute(f"LISTEN {settings.WORKFLOW_RUNS_NOTIFY_CHANNEL}")
                     self._listening.set()
                     self._wake_all()  # anything sent while we were reconnecting
                     while not self._stopping.is_set():
                         for notice in conn.notifies(timeout=1.0):
-                            self._wake(notice.payload)
+                            self._wake(key_of(notice.channel, notice.payload))
             except psycopg.Error as exc:
                 self._listening.clear()
                 log.warning("runs listener lost its database connection (%s); reconnecting", exc)
@@ -147,6 +149,12 @@ class Listener:
 
 
 listener = Listener()
+
+
+def key_of(channel: str, payload: str) -> str:
+    """What waiters wait on: a connection's id (a new run for it: bridges' long-polls), or
+    "workflow-run:<id>" (a change to that workflow run: open run pages, pages.live)."""
+    return payload if channel == settings.RUNS_NOTIFY_CHANNEL else f"workflow-run:{payload}"
 
 
 def wait_for_runs(key: str, seconds: float, look: Callable[[], bool]) -> bool:

@@ -6,7 +6,9 @@ import re
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from tests.workflow_helpers import NOOP, make_workflow, steps_of, waiting_at_gate
 from workflows import engine
@@ -64,7 +66,7 @@ def test_the_workflow_page_draws_the_steps_and_numbers_the_runs(alice):
         engine.create_run(workflow, {"target": "web"}, created_by=alice)
     page = logged_in(alice).get(f"/app/workflows/{workflow.pk}/").content.decode()
     svg = page[page.index("<svg") : page.index("</svg>")]
-    assert "<title>gate</title>" in svg and 'href="#row-gate"' in svg and "approval" in svg  # dot drew it
+    assert "<title>gate</title>" in svg and 'href="#step-gate"' in svg and "approval" in svg  # dot drew it
     assert re.findall(r">#(\d+)</a>", page) == ["2", "1"]  # newest first, numbered from the first
     assert "initializing" in page and ">alice<" in page
     assert f'href="/app/workflows/{workflow.pk}/run/"' in page
@@ -173,10 +175,14 @@ def test_without_the_permission_there_is_no_button_and_the_server_refuses(waitin
 def test_the_live_part_stops_asking_once_the_run_is_complete(waiting, alice):
     owner = logged_in(alice)
     live = owner.get(f"/app/runs/{waiting.run_id}/live/").content.decode()
-    assert 'hx-trigger="every 1s"' in live and ">Cancel run</button>" in live
+    assert 'hx-trigger="load, again"' in live and ">Cancel run</button>" in live
     version = re.search(r'"X-Live-Version": "(\w+)"', live).group(1)
-    unchanged = owner.get(f"/app/runs/{waiting.run_id}/live/", headers={"X-Live-Version": version})
+    with CaptureQueriesContext(connection) as queries:
+        unchanged = owner.get(f"/app/runs/{waiting.run_id}/live/", headers={"X-Live-Version": version})
     assert unchanged.status_code == 204  # nothing to swap: htmx leaves the page (and its focus) alone
+    # Without the server's loop (pages.live), each ask is Django's: the session, the user, the
+    # run (as the user may see it) and its version.
+    assert len(queries) == 4, [q["sql"] for q in queries.captured_queries]
     owner.post(f"/app/runs/{waiting.run_id}/cancel/")
     engine.advance(waiting.run_id)
     live = owner.get(
@@ -184,3 +190,130 @@ def test_the_live_part_stops_asking_once_the_run_is_complete(waiting, alice):
     ).content.decode()
     assert "hx-trigger" not in live and "cancelled" in live and "Cancel run" not in live
     assert steps_of(waiting.run)["deploy"].status == "skipped"
+
+
+SPEC_SOURCE = f"""apiVersion: v1
+parameters:
+  target:
+    default: web
+steps:
+- name: a
+  image: {NOOP}
+  spec:
+    outputs: {{ticket: TICKET-12345, changes: 3}}
+- name: b
+  image: {NOOP}
+  dependsOn: a
+  spec:
+    target: !Parameter target
+    token: !Secret apiToken
+    header: !Fn.concat ["Bearer ", !Secret apiToken]
+    ticket: !Output [a, ticket]
+- name: c
+  image: {NOOP}
+  dependsOn: a
+  when: !Fn.equals [!Parameter target, nowhere]
+"""
+
+
+def test_a_step_s_part_says_why_and_shows_outputs_and_its_spec_with_secrets_masked(alice, bao):
+    from workflows.models import StepRun, WorkflowSecret
+
+    workflow = make_workflow(alice, SPEC_SOURCE)
+    WorkflowSecret.put(workflow, "apiToken", "s3cret-token-value", alice)
+    run = engine.create_run(workflow, {}, created_by=alice)
+    engine.start_run(run.pk)
+    engine.start_step(str(steps_of(run)["a"].pk))
+    client = logged_in(alice)
+    part = client.get(f"/app/runs/{run.pk}/steps/b/").content.decode()
+    assert "s3cret" not in part
+    assert (
+        "&quot;token&quot;: &quot;***&quot;" in part and "&quot;header&quot;: &quot;Bearer ***&quot;" in part
+    )
+    assert (
+        "&quot;target&quot;: &quot;web&quot;" in part
+        and "&quot;ticket&quot;: &quot;TICKET-12345&quot;" in part
+    )
+    part = client.get(f"/app/runs/{run.pk}/steps/a/").content.decode()
+    assert "<h4>Outputs</h4>" in part and "TICKET-12345" in part
+
+    # An output marked sensitive is masked in its step's outputs and in the specs that read it.
+    StepRun.objects.filter(run=run, name="a").update(output_metadata={"ticket": {"sensitive": True}})
+    assert "TICKET-12345" not in client.get(f"/app/runs/{run.pk}/steps/a/").content.decode()
+    part = client.get(f"/app/runs/{run.pk}/steps/b/").content.decode()
+    assert "TICKET-12345" not in part and "&quot;ticket&quot;: &quot;***&quot;" in part
+
+    engine.start_step(str(steps_of(run)["c"].pk))
+    part = client.get(f"/app/runs/{run.pk}/steps/c/").content.decode()
+    assert '<dd class="why">Skipped: ' in part
+    assert client.get(f"/app/runs/{run.pk}/steps/nope/").status_code == 404
+    assert logged_in(User.objects.create_user("bob")).get(f"/app/runs/{run.pk}/steps/b/").status_code == 404
+
+
+def test_a_complete_run_is_deleted_after_a_page_that_says_what_goes_with_it(alice):
+    run = engine.create_run(make_workflow(alice, SOURCE), {"target": "web"}, created_by=alice)
+    client = logged_in(alice)
+    url = f"/app/runs/{run.pk}/delete/"
+    assert "Delete this run" not in client.get(f"/app/runs/{run.pk}/").content.decode()
+    response = client.post(url, follow=True)  # not complete: refused, kept
+    assert "cancel it first" in response.content.decode() and WorkflowRun.objects.filter(pk=run.pk).exists()
+
+    run.finish("failure")
+    assert f'href="{url}"' in client.get(f"/app/runs/{run.pk}/").content.decode()
+    page = client.get(url).content.decode()
+    assert "<li>3 step runs</li>" in page and "Yes, delete it" in page
+    viewer = logged_in(with_perms("vic", "view_workflowrun"))
+    assert f'href="{url}"' not in viewer.get(f"/app/runs/{run.pk}/").content.decode()
+    assert viewer.get(url).status_code == 403 and viewer.post(url).status_code == 403
+    deleter = logged_in(with_perms("dee", "view_workflowrun", "delete_workflowrun"))
+    response = deleter.post(url)
+    assert response.url == f"/app/workflows/{run.workflow_id}/"
+    assert not WorkflowRun.objects.filter(pk=run.pk).exists()
+
+
+def test_the_admin_shows_a_run_without_save_and_delete_only_to_who_may_once_complete(alice):
+    alice.is_staff = True
+    alice.save()
+    run = engine.create_run(make_workflow(alice, SOURCE), {"target": "web"}, created_by=alice)
+    owner = logged_in(alice)
+    url = f"/admin/workflows/workflowrun/{run.pk}/change/"
+    page = owner.get(url).content.decode()
+    assert 'name="_save"' not in page and 'name="_continue"' not in page and "/delete/" not in page
+    run.finish("success")
+    page = owner.get(url).content.decode()
+    assert 'name="_save"' not in page and 'name="_continue"' not in page
+    assert f"/admin/workflows/workflowrun/{run.pk}/delete/" in page
+    viewer = logged_in(with_perms("vic", "view_workflowrun"))
+    page = viewer.get(url).content.decode()
+    assert 'name="_save"' not in page and "/delete/" not in page
+    assert viewer.post(f"/admin/workflows/workflowrun/{run.pk}/delete/", {"post": "yes"}).status_code == 403
+    page = owner.get(f"/admin/workflows/workflowrun/{run.pk}/delete/").content.decode()
+    assert "Step run" in page  # what goes with it
+    owner.post(f"/admin/workflows/workflowrun/{run.pk}/delete/", {"post": "yes"})
+    assert not WorkflowRun.objects.filter(pk=run.pk).exists()
+
+
+def test_a_puppet_step_s_part_links_its_puppet_run_with_nodes_outcome_and_what_would_change(
+    alice, connection
+):
+    from runs.models import Run
+    from workflows.models import StepRun
+
+    puppet = Run.create_for(connection[0], {"noop": True, "scope": {"nodes": ["web-1"]}})
+    Run.objects.filter(pk=puppet.pk).update(status="complete", outcome="success")
+    run = engine.create_run(make_workflow(alice, SOURCE), {"target": "web"}, created_by=alice)
+    nodes = [
+        {
+            "name": "web-1",
+            "changes_pending": True,
+            "resources": [{"type": "File", "title": "/etc/motd", "changes": [{"property": "content"}]}],
+        }
+    ]
+    StepRun.objects.filter(run=run, name="a").update(
+        status="success", outputs={"id": str(puppet.pk), "results": {"nodes": nodes}}
+    )
+    part = logged_in(alice).get(f"/app/runs/{run.pk}/steps/a/").content.decode()
+    assert f'<a href="/admin/runs/run/{puppet.pk}/change/">{puppet.pk}</a>' in part
+    assert "dry run (noop)" in part and "status-success" in part
+    assert "&quot;web-1&quot;" in part  # its nodes
+    assert "<strong>web-1</strong>: changes pending<br>File[/etc/motd] content" in part

@@ -5,7 +5,9 @@ answered on the page; a viewer without the permission gets no button and a refus
 Screenshots of each page go to the test's tmp_path."""
 
 from collections.abc import Iterator
+from datetime import UTC
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -113,7 +115,7 @@ def test_made_from_yaml_started_from_the_form_watched_live_and_approved_on_the_p
             expect(approval).to_contain_text("waits for an answer: Deploy to the nodes?", timeout=30_000)
             expect(page.locator("#row-check")).to_contain_text("success")
             # The log of a step that started after the page loaded, tailed into it.
-            expect(page.locator("#step-report pre")).to_have_text("would change 3 files on web-*\n")
+            expect(page.locator("#step-report pre.log")).to_have_text("would change 3 files on web-*\n")
             expect(page.locator("#node-check")).to_contain_text("success")  # the graph too
             assert page.evaluate("window.notReloaded") is True
             page.screenshot(path=tmp_path / "run-waiting.png", full_page=True)
@@ -124,7 +126,14 @@ def test_made_from_yaml_started_from_the_form_watched_live_and_approved_on_the_p
             page.wait_for_timeout(2500)
             assert page.evaluate("document.activeElement.closest('g.node').id") == "node-check"
             page.keyboard.press("Enter")
-            assert page.url.endswith("#row-check")
+            assert page.url.endswith("#step-check")
+            # which opens the step: its part, asked for then.
+            expect(page.locator("#step-check")).to_have_attribute("open", "")
+            expect(page.locator("#step-check .step-detail")).to_contain_text("Status")
+            # The step that waits: its spec as evaluated now, the parameter in it.
+            page.click("#step-report summary")
+            page.click("#step-report summary")
+            expect(page.locator("#step-report .step-detail pre.spec")).to_contain_text('"target": "web-*"')
 
             approval.locator("button", has_text="Approve").click()
             expect(page.locator(".messages")).to_contain_text("Approved: approve-deploy.")
@@ -132,7 +141,9 @@ def test_made_from_yaml_started_from_the_form_watched_live_and_approved_on_the_p
             expect(page.locator("#run-status")).to_have_text("success", timeout=30_000)
             expect(page.locator("#row-deploy")).to_contain_text("success")
             assert page.evaluate("window.notReloaded") is True
-            expect(page.locator("#live")).not_to_have_attribute("hx-trigger", "every 1s")  # it stopped asking
+            expect(page.locator("#live")).not_to_have_attribute(
+                "hx-trigger", "load, again"
+            )  # it stopped asking
             page.screenshot(path=tmp_path / "run-complete.png", full_page=True)
             run_url = page.url
 
@@ -236,9 +247,12 @@ def test_a_run_cancelled_from_its_page_and_a_failed_one_say_so(
             page.fill("#id_fail", "the check found drift")
             page.click("button[type=submit]")
             expect(page.locator("h1")).to_have_text("slow #2")
+            page.click("#step-slow summary")  # opened while it runs: its part follows it
             expect(page.locator("#run-status")).to_have_text("failure", timeout=30_000)
             expect(page.locator("#row-slow")).to_contain_text("the check found drift")
             expect(page.locator("#node-slow")).to_contain_text("failure")
+            expect(page.locator("#step-slow .why")).to_have_text("Failed: the check found drift")
+            expect(page.locator("#step-after .log-status")).to_have_text("skipped")
             page.screenshot(path=tmp_path / "run-failed.png", full_page=True)
         finally:
             page.close()
@@ -284,3 +298,55 @@ def test_fifty_steps_are_drawn_readable_and_each_reachable_from_the_keyboard(
 
     heights = browser.run(journey)
     assert min(heights) >= 12  # pixels: dot's 11-point labels at their size, never shrunk to fit
+
+
+def test_the_steps_labels_follow_the_steps_without_their_logs_being_opened(
+    live_server, worker, browser: BrowserThread, tmp_path: Path
+):
+    owner = User.objects.create_user("ops", password="ops-password-1")
+    workflow = make_workflow(owner, CANCEL_AND_FAIL, "slow")
+    run = engine.create_run(workflow, {}, created_by=owner)
+    url = live_server.url
+
+    def journey(browser: Browser) -> None:
+        page = browser.new_page()
+        try:
+            log_in(page, url, "ops", "ops-password-1")
+            page.goto(f"{url}/app/runs/{run.pk}/")
+            expect(page.locator("#step-after .log-status")).to_have_text("pending")
+            expect(page.locator("#run-status")).to_have_text("success", timeout=30_000)
+            # Closed, never opened: their labels changed with the steps all the same.
+            expect(page.locator("#step-slow .log-status")).to_have_text("success")
+            expect(page.locator("#step-after .log-status")).to_have_text("success")
+            assert page.locator("details[open]").count() == 0
+        finally:
+            page.close()
+
+    browser.run(journey)
+
+
+def test_times_show_to_the_second_in_the_browser_s_time_zone_saying_which(
+    live_server, browser: BrowserThread, tmp_path: Path
+):
+    owner = User.objects.create_user("ops", password="ops-password-1")
+    run = engine.create_run(make_workflow(owner, CANCEL_AND_FAIL, "slow"), {}, created_by=owner)
+    created = run.created_at.astimezone(ZoneInfo("Asia/Kolkata")).strftime("%Y-%m-%d %H:%M:%S")
+    url = live_server.url
+
+    def journey(browser: Browser) -> tuple[str, str, str]:
+        context = browser.new_context(timezone_id="Asia/Kolkata")
+        page = context.new_page()
+        try:
+            log_in(page, url, "ops", "ops-password-1")
+            page.goto(f"{url}/app/runs/{run.pk}/")
+            created = page.locator("main > p time").first
+            expect(created).to_have_attribute("data-local", "true")
+            page.screenshot(path=tmp_path / "run-local-times.png", full_page=True)
+            return created.text_content(), created.get_attribute("title"), created.get_attribute("datetime")
+        finally:
+            context.close()
+
+    shown, title, moment = browser.run(journey)
+    assert shown == f"{created} GMT+5:30"
+    assert title == run.created_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    assert moment == run.created_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

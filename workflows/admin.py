@@ -444,11 +444,32 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         return obj is None or may(request.user, Action.VIEW_RUNS, obj.workflow)
 
     def has_change_permission(self, request: HttpRequest, obj: WorkflowRun | None = None) -> bool:
-        # The only change is a cancel (the action, which checks each run): the page is read-only.
+        # The only change is a cancel (the action, which checks each run): a run's page is
+        # read-only, and a complete run's has nothing left to change at all.
+        if obj is not None and obj.status == RunStatus.COMPLETE:
+            return False
         return obj is None or may(request.user, Action.CANCEL, obj.workflow)
 
     def has_delete_permission(self, request: HttpRequest, obj: WorkflowRun | None = None) -> bool:
-        return False  # runs go with their workflow, as in the API
+        # One complete run at a time, from its page, for whoever may delete the workflow's
+        # runs (as the pages' Delete): no bulk action, which would take runs still going.
+        if obj is None or obj.status != RunStatus.COMPLETE:
+            return False
+        return may(request.user, Action.DELETE_RUNS, obj.workflow)
+
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple:
+        """Its steps, their logs and credentials go with it, by the run's permission (not by
+        their own models')."""
+        deleted, counts, _, protected = super().get_deleted_objects(objs, request)
+        refused = [run for run in objs if not self.has_delete_permission(request, run)]
+        return deleted, counts, {self.opts.verbose_name} if refused else set(), protected
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict | None = None
+    ) -> HttpResponse:
+        # Every field is read-only: there is never anything to save (cancel is an action).
+        extra_context = {**(extra_context or {}), "show_save": False, "show_save_and_continue": False}
+        return super().change_view(request, object_id, form_url, extra_context)
 
     @admin.display(description="script logs")
     def script_logs(self, run: WorkflowRun) -> str:

@@ -44,7 +44,7 @@ from django.db.models import Exists, Max, OuterRef
 from django.utils import timezone
 
 from relay import dispatch, rows
-from scriptsteps.masking import Masker  # a step's message masks what its log masks
+from scriptsteps.masking import Masker, strings_in  # a step's message masks what its log masks
 from workflows.dialect import validate
 from workflows.dialect.errors import EvaluationError
 from workflows.dialect.evaluate import Data, evaluate
@@ -924,6 +924,49 @@ def _masked(error: EvaluationError, data: Data) -> str:
     number"), so what the evaluation read of secrets and connections is masked there too."""
     masker = Masker(_secret_values(data))
     return masker.feed(str(error)) + masker.flush()
+
+
+def shown_spec(step: StepRun) -> tuple[Any, str]:
+    """The step's spec evaluated as its start evaluates it, now (the run's parameters and
+    outputs, the workflow's secrets and its owner's connections as they are now), for people
+    (the run page): whatever it read of secrets and connections, and the run's sensitive
+    outputs, masked as the step's log masks them. Returns (value, what is missing or why it
+    cannot be evaluated: "" when it is whole); (None, "") for a step without a spec."""
+    container = parsed(step.run.revision_id).step(step.name).container
+    if container is None:
+        return None, ""
+    tree = dict(container.spec)
+    read = Data()
+
+    def evaluation(data: Data) -> Result:
+        nonlocal read
+        read = data
+        return evaluate(tree, data)
+
+    try:
+        result, read = resolve(step.run, evaluation)
+    except EvaluationError as exc:
+        return None, f"It cannot be evaluated: {_masked(exc, read)}"
+    hidden = [
+        *_secret_values(read),
+        *(s for v in StepRun.sensitive_values(step.run_id) for s in strings_in(v)),
+    ]
+    value = _masked_tree(result.value, Masker(hidden)) if hidden else result.value
+    return (
+        value,
+        "" if result.complete else f"It refers to what is not there yet: {describe(result.unresolvable)}.",
+    )
+
+
+def _masked_tree(value: Any, masker: Masker) -> Any:
+    """`value` with each of its strings masked by `masker` (each whole: flushed)."""
+    if isinstance(value, str):
+        return masker.feed(value) + masker.flush()
+    if isinstance(value, Mapping):
+        return {key: _masked_tree(item, masker) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_masked_tree(item, masker) for item in value]
+    return value
 
 
 def _secret_values(data: Data) -> tuple[str, ...]:

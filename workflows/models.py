@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db import connection as db_connection
 from django.db import models, transaction
 from django.db.models.fields.json import KeyTransform
 from django.db.models.signals import post_delete
@@ -392,6 +393,7 @@ class WorkflowRun(models.Model):
         )
         if won:
             self.status, self.started_at = RunStatus.IN_PROGRESS, now
+            notify_run_changed(self.pk)
         return bool(won)
 
     def finish(self, outcome: str, message: str = "") -> bool:
@@ -404,6 +406,7 @@ class WorkflowRun(models.Model):
         )
         if won:
             self.status, self.outcome, self.message, self.ended_at = RunStatus.COMPLETE, outcome, message, now
+            notify_run_changed(self.pk)
         return bool(won)
 
     def request_cancel(self) -> None:
@@ -477,6 +480,19 @@ class JSONBytes(models.Func):
     def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
         sql, params = compiler.compile(self.source_expressions[0])
         return f"length(CAST({sql} AS BLOB))", list(params)
+
+
+def notify_run_changed(run_id: Any) -> None:
+    """Wake the run's open pages (pages.live, through runs.notify's listener): what they show
+    of it changed. Sent inside the changing transaction, it arrives once the change is
+    visible. Nothing to do without PostgreSQL (the pages then ask each second)."""
+    if db_connection.vendor == "postgresql":
+        with db_connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, %s)", [settings.WORKFLOW_RUNS_NOTIFY_CHANNEL, str(run_id)])
+
+
+# A step's fields the run page shows live (pages.live.LIVE_FIELDS): a change of one wakes it.
+SHOWN_LIVE = frozenset({"status", "decision", "decided_by", "message", "started_at", "ended_at"})
 
 
 class StepKind(models.TextChoices):
@@ -554,6 +570,8 @@ class StepRun(models.Model):
         if won:
             for name, value in changes.items():
                 setattr(self, name, value)
+            if SHOWN_LIVE.intersection(changes):
+                notify_run_changed(self.run_id)
         return bool(won)
 
     # Before the start: decided from the graph and `when`, no worker holds the step.
@@ -644,6 +662,8 @@ class StepRun(models.Model):
         )
         if won:
             del self.outputs  # merged in the database: read again if asked for (deferred)
+            if outputs:  # progress it publishes while it waits (a rollout's) is shown live
+                notify_run_changed(self.run_id)
         return won
 
     def record_wait(
@@ -668,6 +688,8 @@ class StepRun(models.Model):
         )
         if won:
             del self.outputs  # merged in the database: read again if asked for (deferred)
+            if outputs:  # progress it publishes while it waits (a rollout's) is shown live
+                notify_run_changed(self.run_id)
         return won
 
     # The step runtime API (stepruntime): the running step itself writes these, so they merge

@@ -11,7 +11,8 @@ owner handing their workflow to bob would make their document run with bob's con
 Other staff's Django permissions give what cannot run code as anyone: seeing a workflow
 (`view_workflow`, or `change_workflow`, which implies view as everywhere in the admin) and
 deleting it (`delete_workflow`, with view); seeing its runs and approvals (`view_workflowrun`,
-or `change_workflowrun`) and cancelling runs (`change_workflowrun`); answering approvals
+or `change_workflowrun`), cancelling runs (`change_workflowrun`) and deleting complete ones
+(`delete_workflowrun`, with view); answering approvals
 (`approve_steprun`, with the view of runs). `change_workflow`, `add_workflowrun` and the
 triggers' `change_trigger` give nothing more on another user's workflow.
 
@@ -38,6 +39,7 @@ class Action(StrEnum):
     VIEW_RUNS = "view runs"  # its runs, their steps, logs and approvals
     CANCEL = "cancel"
     DELETE = "delete"
+    DELETE_RUNS = "delete runs"  # a complete run, with its steps, their logs and credentials
     APPROVE = "approve"
 
 
@@ -58,6 +60,8 @@ def may(user: User, action: Action, workflow: Workflow) -> bool:
             return may_for_all(user, "view", WorkflowRun)
         case Action.CANCEL:
             return may_for_all(user, "change", WorkflowRun)
+        case Action.DELETE_RUNS:
+            return may_for_all(user, "view", WorkflowRun) and may_for_all(user, "delete", WorkflowRun)
     return False  # CHANGE, RUN: the owner's alone
 
 
