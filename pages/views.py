@@ -17,7 +17,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from pages import graph
+from pages import graph, setup
 from pages.forms import RunForm
 from workflows import engine
 from workflows.dialect.problems import DocumentError
@@ -170,6 +170,8 @@ def workflow_detail(request: HttpRequest, workflow_id: Any) -> HttpResponse:
             "revision": revision,
             "document": document,
             "svg": graph.workflow_svg(document) if document is not None else "",
+            "triggers": setup.triggers_of(request.user, workflow, document) if document else [],
+            "connections": setup.connections_of(request.user, workflow, document) if document else [],
             "runs": runs,
             "revisions": with_changes(
                 list(workflow.revisions.select_related("created_by").order_by("-number")[: HISTORY + 1])
