@@ -84,7 +84,7 @@ class PuppetConnectionAdmin(ConnectionAdmin, TokenHolderAdmin):
                 "reports it (the configuration below).</p>"
             )
         return format_html(
-            '<table class="bridge">{}</table><p class="help">The last contact is the token\'s last use, '
+            '<table class="bridge">{}</table><p>The last contact is the token\'s last use, '
             "recorded at most once a minute.</p>{}",
             table,
             note,
@@ -104,7 +104,7 @@ class PuppetConnectionAdmin(ConnectionAdmin, TokenHolderAdmin):
             '<p>relay-bridge\'s own file:</p><pre class="bridge-yaml">{}</pre>'
             "<p>or, on a Puppet server with the puppetlabs-relay module, its class (relay-bridge reads the "
             'relay.yaml it writes when there is no bridge.yaml):</p><pre class="module-class">{}</pre>'
-            '<p class="help">The token was shown once, when the connection was made; its owner can '
+            "<p>The token was shown once, when the connection was made; its owner can "
             "regenerate it, which stops the old one.</p>",
             setup.bridge_yaml(obj),
             setup.module_class(obj),
