@@ -78,3 +78,16 @@ def test_a_revision_s_document_keeps_its_indentation(staff):
         '<pre class="revision-source" style="margin:0">apiVersion: v1\nparameters:\n  target:\n'
         "    description: The nodes\n" in page
     )
+
+
+def test_a_trigger_s_page_has_its_sender_s_settings_naming_the_token(staff, settings):
+    from relay.tokens import LEAK_RE
+    from triggers.models import Trigger
+
+    settings.RELAY_PUBLIC_URL = "https://relay.example.com"
+    trigger, _ = Trigger.create_with_token(owner=staff, name="reports")
+    page = logged_in(staff).get(f"/admin/triggers/trigger/{trigger.pk}/change/").content.decode()
+    placeholder = f"&lt;the token of trigger reports, {trigger.token_prefix}…&gt;"
+    assert f"relay_api_url: https://relay.example.com/\nrelay_trigger_token: &quot;{placeholder}&quot;" in page
+    assert f"reporturl = https://any:{placeholder}@relay.example.com/api/events" in page
+    assert LEAK_RE.search(page) is None
