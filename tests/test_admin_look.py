@@ -88,6 +88,8 @@ def test_a_trigger_s_page_has_its_sender_s_settings_naming_the_token(staff, sett
     trigger, _ = Trigger.create_with_token(owner=staff, name="reports")
     page = logged_in(staff).get(f"/admin/triggers/trigger/{trigger.pk}/change/").content.decode()
     placeholder = f"&lt;the token of trigger reports, {trigger.token_prefix}…&gt;"
-    assert f"relay_api_url: https://relay.example.com/\nrelay_trigger_token: &quot;{placeholder}&quot;" in page
+    assert (
+        f"relay_api_url: https://relay.example.com/\nrelay_trigger_token: &quot;{placeholder}&quot;" in page
+    )
     assert f"reporturl = https://any:{placeholder}@relay.example.com/api/events" in page
     assert LEAK_RE.search(page) is None

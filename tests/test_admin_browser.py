@@ -1,24 +1,26 @@
-"""Tokens in a real browser (headless Debian Chromium driven by Playwright, tests/browser.py)
+"""The admin in a real browser (headless Debian Chromium driven by Playwright, tests/browser.py)
 against a live server: a connection and a trigger made in the admin each show their first
 token once, and never again (not after Done, not going back to the page that showed it);
 the database keeps its digest only. A workflow's page says what its steps and triggers need,
-and its link makes the missing connection. Screenshots of each page go to the test's
-tmp_path."""
+and its link makes the missing connection. An approval's page has no Approve button for a
+user without the permission, and the server refuses the POST anyway. Screenshots of each
+page go to the test's tmp_path."""
 
 import re
 from pathlib import Path
 
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from playwright.sync_api import Browser, Page, expect
 from playwright.sync_api import Error as PlaywrightError
 
 from puppet_connection.models import PuppetConnection
 from relay import tokens
 from tests.browser import BrowserThread
-from tests.workflow_helpers import NOOP
+from tests.workflow_helpers import NOOP, make_workflow, waiting_at_gate
 from triggers.models import Trigger
-from workflows.models import Workflow
+from workflows import engine
+from workflows.models import StepRun, Workflow
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -36,11 +38,13 @@ def shown_once(page: Page, selector: str) -> str:
     token = page.locator(selector).inner_text().strip()
     assert tokens.LEAK_RE.fullmatch(token), token
     page.click("text=Done")
-    expect(page.locator("#content h1, #content h2").first).to_be_visible()
+    expect(page).to_have_url(re.compile(r"/change/$"))  # the holder's own page
+    page.wait_for_load_state()
     assert token not in page.content()
     with pytest.raises(PlaywrightError, match="ERR_CACHE_MISS"):
         page.go_back()  # the browser would have to post the form again: it asks instead
-    assert token not in page.content()
+    page.wait_for_load_state()
+    expect(page.locator("body")).not_to_contain_text(token)
     return token
 
 
@@ -150,6 +154,8 @@ def test_a_workflow_s_page_says_what_it_needs_and_makes_the_missing_connection(
             }
             page.screenshot(path=tmp_path / "workflow-trigger-tokens.png", full_page=True)
             page.click("text=Done")
+            expect(page).to_have_url(re.compile(r"/change/$"))
+            page.wait_for_load_state()
             for token in shown.values():
                 assert token not in page.content()
 
@@ -184,3 +190,51 @@ def test_a_workflow_s_page_says_what_it_needs_and_makes_the_missing_connection(
         stored_as_digest(trigger, token)
     assert PuppetConnection.objects.get(name="fleet").owner == workflow.owner
     assert re.fullmatch(r"rlyt_\w+", shown["merged"])
+
+
+GATED = f"""apiVersion: v1
+steps:
+- name: a
+  image: {NOOP}
+- name: gate
+  type: approval
+  description: Deploy it?
+  dependsOn: a
+"""
+
+
+def test_an_approval_in_the_admin_has_no_button_for_a_viewer_and_the_server_refuses_the_post(
+    live_server, browser: BrowserThread, tmp_path: Path
+):
+    owner = User.objects.create_user("ops")
+    viewer = User.objects.create_user("vic", password="vic-password-1", is_staff=True)
+    viewer.user_permissions.set(Permission.objects.filter(codename="view_workflowrun"))
+    gate = waiting_at_gate(engine.create_run(make_workflow(owner, GATED), {}, created_by=owner))
+    url = live_server.url
+
+    def journey(browser: Browser) -> int:
+        context = browser.new_context()
+        page = context.new_page()
+        try:
+            page.goto(f"{url}/admin/login/?next=/admin/workflows/approval/")
+            page.fill("#id_username", "vic")
+            page.fill("#id_password", "vic-password-1")
+            page.click("input[type=submit]")
+            expect(page.locator("#content h1")).to_have_text("Approvals")
+            page.click("text=gate")
+            expect(page.locator("#content")).to_contain_text(
+                "waits for an answer from someone who may approve"
+            )
+            expect(page.locator("input[name=approve]")).to_have_count(0)
+            page.screenshot(path=tmp_path / "approval-viewer.png", full_page=True)
+            token = next(c["value"] for c in context.cookies() if c["name"] == "csrftoken")
+            refused = page.request.post(
+                f"{url}/admin/workflows/approval/{gate.pk}/approve/",
+                headers={"X-CSRFToken": token, "Referer": page.url},
+            )
+            return refused.status
+        finally:
+            context.close()
+
+    assert browser.run(journey) == 403
+    assert StepRun.objects.get(pk=gate.pk).status == "in-progress"
