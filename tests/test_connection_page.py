@@ -83,8 +83,8 @@ def test_the_pasted_configuration_works_and_the_page_then_shows_the_bridge(
     assert LEAK_RE.search(page) is None
 
 
-def test_the_shipped_agent_is_named_and_its_silence_on_the_platform_explained(staff, alice):
-    from tests.conftest import bridge
+def test_the_shipped_agent_is_named_and_its_silence_on_the_platform_explained(staff):
+    from tests.conftest import bridge, client_for
 
     conn, token = PuppetConnection.create_with_token(owner=staff, name="old")
     client = bridge(token)
@@ -96,3 +96,6 @@ def test_the_shipped_agent_is_named_and_its_silence_on_the_platform_explained(st
     # A User-Agent that is no product name is not kept.
     client.get("/_puppet/runs", HTTP_USER_AGENT="<script>")
     assert PuppetConnection.objects.get(pk=conn.pk).reported_agent == "Ruby"
+    # The API says it too.
+    shown = client_for(staff).get(f"/api/connections/puppet/{conn.pk}/").json()
+    assert (shown["reported_agent"], shown["reported_platform"]) == ("Ruby", "")
