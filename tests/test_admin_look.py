@@ -10,7 +10,7 @@ from django.test import Client
 
 from tests.workflow_helpers import NOOP, make_workflow, waiting_at_gate
 from workflows import engine
-from workflows.models import StepRun
+from workflows.models import StepRun, Workflow
 
 SOURCE = f"""apiVersion: v1
 parameters:
@@ -93,3 +93,13 @@ def test_a_trigger_s_page_has_its_sender_s_settings_naming_the_token(staff, sett
     )
     assert f"reporturl = https://any:{placeholder}@relay.example.com/api/events" in page
     assert LEAK_RE.search(page) is None
+
+
+def test_the_page_with_a_new_trigger_s_token_links_to_its_settings(staff):
+    from tests.test_workflow_admin import form
+
+    source = SOURCE.replace("steps:\n", "triggers:\n- name: reports\n  source: {type: push}\nsteps:\n")
+    page = logged_in(staff).post("/admin/workflows/workflow/add/", form(staff, source)).content.decode()
+    workflow = Workflow.objects.get()
+    link = f'<a href="/app/workflows/{workflow.pk}/#trigger-reports">the settings to paste</a>'
+    assert f"Puppet's reports: {link}" in page

@@ -316,6 +316,7 @@ class WorkflowAdmin(admin.ModelAdmin):
                 if trigger.name in pks
             ],
             "change_url": reverse("admin:workflows_workflow_change", args=[workflow.pk]),
+            "page_url": reverse("pages:workflow", args=[workflow.pk]),  # each trigger's settings
         }
         response = TemplateResponse(request, "admin/workflows/new_trigger_tokens.html", context)
         response["Cache-Control"] = "no-store"
