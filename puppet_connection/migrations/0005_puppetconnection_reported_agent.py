@@ -17,18 +17,38 @@ class Migration(migrations.Migration):
             field=models.CharField(blank=True, editable=False, max_length=64),
         ),
         migrations.AlterField(
-            model_name='puppetconnection',
-            name='backend',
-            field=models.CharField(blank=True, choices=[('', 'not set'), ('orchestrator', 'the PE orchestrator'), ('bolt', 'Bolt'), ('ssh', 'SSH')], help_text='The orchestrator runs everything; Bolt runs on a list of nodes, and task runs; SSH runs only on a list of nodes.', max_length=16),
+            model_name="puppetconnection",
+            name="backend",
+            field=models.CharField(
+                blank=True,
+                choices=[
+                    ("", "not set"),
+                    ("orchestrator", "the PE orchestrator"),
+                    ("bolt", "Bolt"),
+                    ("ssh", "SSH"),
+                ],
+                help_text="The orchestrator runs everything; Bolt runs on a list of nodes, and task runs; SSH runs only on a list of nodes.",
+                max_length=16,
+            ),
         ),
         migrations.AlterField(
-            model_name='puppetconnection',
-            name='platform',
-            field=models.CharField(blank=True, choices=[('', 'not set'), ('pe', 'Puppet Enterprise'), ('oss', 'open source Puppet')], help_text='Puppet Enterprise needs an environment for every run; open source Puppet (without a backend set) takes only runs on a list of nodes.', max_length=8),
+            model_name="puppetconnection",
+            name="platform",
+            field=models.CharField(
+                blank=True,
+                choices=[("", "not set"), ("pe", "Puppet Enterprise"), ("oss", "open source Puppet")],
+                help_text="Puppet Enterprise needs an environment for every run; open source Puppet (without a backend set) takes only runs on a list of nodes.",
+                max_length=8,
+            ),
         ),
         migrations.AlterField(
-            model_name='puppetconnection',
-            name='reported_platform',
-            field=models.CharField(blank=True, choices=[('', 'not set'), ('pe', 'Puppet Enterprise'), ('oss', 'open source Puppet')], editable=False, max_length=8),
+            model_name="puppetconnection",
+            name="reported_platform",
+            field=models.CharField(
+                blank=True,
+                choices=[("", "not set"), ("pe", "Puppet Enterprise"), ("oss", "open source Puppet")],
+                editable=False,
+                max_length=8,
+            ),
         ),
     ]
