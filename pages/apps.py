@@ -13,3 +13,6 @@ class PagesConfig(AppConfig):
 
         # The admin's "View site" link: these pages (the service's root has none).
         admin.site.site_url = "/app/workflows/"
+        admin.site.site_header = "Relay for Puppet"  # not "Django administration"
+        admin.site.site_title = "Relay for Puppet admin"
+        admin.site.index_title = "Administration"

@@ -19,7 +19,7 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from pages import graph, versions
+from pages import graph, setup, versions
 from pages.forms import RunForm
 from workflows import engine
 from workflows.admin import puppet_run_of, what_would_change
@@ -173,6 +173,8 @@ def workflow_detail(request: HttpRequest, workflow_id: Any) -> HttpResponse:
             "revision": revision,
             "document": document,
             "svg": graph.workflow_svg(document) if document is not None else "",
+            "triggers": setup.triggers_of(request.user, workflow, document) if document else [],
+            "connections": setup.connections_of(request.user, workflow, document) if document else [],
             "runs": runs,
             "revisions": with_changes(
                 list(workflow.revisions.select_related("created_by").order_by("-number")[: HISTORY + 1])

@@ -10,7 +10,7 @@ from relay import tokens
 
 
 class Platform(models.TextChoices):
-    UNKNOWN = "", "unknown"
+    UNKNOWN = "", "not set"
     PE = "pe", "Puppet Enterprise"
     OSS = "oss", "open source Puppet"
 
@@ -18,13 +18,16 @@ class Platform(models.TextChoices):
 class Backend(models.TextChoices):
     """What the connection's bridge runs Puppet with."""
 
-    UNKNOWN = "", "unknown"
+    UNKNOWN = "", "not set"
     ORCHESTRATOR = "orchestrator", "the PE orchestrator"
     BOLT = "bolt", "Bolt"
     SSH = "ssh", "SSH"
 
 
 BACKEND_RE = re.compile(r"^[a-z0-9_-]{1,32}$")
+# The first product of a User-Agent: `relay-bridge/0.1.0` (our bridge), `Ruby` (the shipped
+# agent's Net::HTTP). Anything else is not recorded.
+AGENT_RE = re.compile(r"^[A-Za-z0-9._+-]{1,40}(?:/[A-Za-z0-9._+-]{1,23})?")
 
 
 def settings_error(platform: str, backend: str) -> str | None:
@@ -80,6 +83,8 @@ class PuppetConnection(Connection, tokens.TokenHolder):
     # never trusted over them.
     reported_platform = models.CharField(max_length=8, choices=Platform.choices, blank=True, editable=False)
     reported_backend = models.CharField(max_length=32, blank=True, editable=False)
+    # What the bridge calls itself (its User-Agent's first product): which bridge, which version.
+    reported_agent = models.CharField(max_length=64, blank=True, editable=False)
 
     class Meta(Connection.Meta):
         constraints = [
@@ -124,10 +129,12 @@ class PuppetConnection(Connection, tokens.TokenHolder):
             )
         return warnings
 
-    def note_bridge(self, platform: str, backend: str) -> None:
-        """Remember the platform and backend the bridge reports on every call; written only
-        when they change, so this costs nothing per request. Never a setting: a report that
-        differs from one is shown as a warning (bridge_warnings)."""
+    def note_bridge(self, platform: str, backend: str, agent: str = "") -> None:
+        """Remember the platform and backend the bridge reports on every call, and what it
+        calls itself (its User-Agent); written only when they change, so this costs nothing
+        per request. Never a setting: a report that differs from one is shown as a warning
+        (bridge_warnings). (The heartbeat's fast path skips this while the token's last use
+        is fresh, so a new version shows within TOKEN_LAST_USED_RESOLUTION.)"""
         changes = {}
         platform = platform.strip().lower()
         if platform in (Platform.PE, Platform.OSS) and platform != self.reported_platform:
@@ -135,6 +142,9 @@ class PuppetConnection(Connection, tokens.TokenHolder):
         backend = backend.strip().lower()
         if BACKEND_RE.match(backend) and backend != self.reported_backend:
             changes["reported_backend"] = backend
+        product = AGENT_RE.match(agent.strip())
+        if product and product.group() != self.reported_agent:
+            changes["reported_agent"] = product.group()
         if changes:
             type(self).objects.filter(pk=self.pk).update(**changes)
             for field, value in changes.items():

@@ -7,6 +7,7 @@ log = logging.getLogger(__name__)
 
 class RunsConfig(AppConfig):
     name = "runs"
+    verbose_name = "Puppet runs"  # apart from the workflows' runs
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:

@@ -324,7 +324,7 @@ def test_the_admin_page_warns_when_the_bridge_contradicts_a_setting(admin, own_c
         in page
     )
     assert 'class="warning"' in page  # at the top of the page, too
-    assert "Reported platform" in page
+    assert "<th>Platform</th><td>set to open source Puppet; the bridge says Puppet Enterprise</td>" in page
 
 
 # --- PuppetDB: query scopes on open source Puppet (issue 21 §2) ------------------------------

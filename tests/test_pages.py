@@ -317,3 +317,94 @@ def test_a_puppet_step_s_part_links_its_puppet_run_with_nodes_outcome_and_what_w
     assert "dry run (noop)" in part and "status-success" in part
     assert "&quot;web-1&quot;" in part  # its nodes
     assert "<strong>web-1</strong>: changes pending<br>File[/etc/motd] content" in part
+
+
+CONNECTED = f"""apiVersion: v1
+triggers:
+- name: reports
+  source: {{type: push}}
+- name: merged
+  source:
+    type: webhook
+    image: relaysh/stdlib-trigger-json
+- name: nightly
+  source: {{type: schedule, schedule: '0 3 * * *'}}
+steps:
+- name: deploy
+  image: {NOOP}
+  spec:
+    connection: ${{connections.puppet['prod']}}
+    other: !Connection {{type: puppet, name: staging}}
+    slack: !Connection {{type: slack, name: team}}
+"""
+
+
+def test_the_workflow_page_says_how_to_send_each_trigger_s_events_never_the_token(alice, settings):
+    from triggers.models import Trigger
+
+    settings.RELAY_PUBLIC_URL = "https://relay.example.com"
+    workflow = make_workflow(alice, CONNECTED)
+    push, hook = Trigger.objects.get(name="reports"), Trigger.objects.get(name="merged")
+    page = logged_in(alice).get(f"/app/workflows/{workflow.pk}/").content.decode()
+    section = page[page.index('id="trigger-reports"') : page.index('id="trigger-merged"')]
+    placeholder = f"&lt;the token of trigger reports, {push.token_prefix}…&gt;"
+    assert "Its events go to <code>https://relay.example.com/api/events</code>" in section
+    assert (
+        "reports = relay\n\n# /etc/puppetlabs/puppet/relay.yaml" in section
+        and "relay_api_url: https://relay.example.com/\n" in section
+        and f"relay_trigger_token: &quot;{placeholder}&quot;\n" in section
+    )
+    assert f"reporturl = https://any:{placeholder}@relay.example.com/api/events\n" in section
+    section = page[page.index('id="trigger-merged"') : page.index('id="trigger-nightly"')]
+    assert (
+        f"export RELAY_TRIGGER_TOKEN=&#x27;&lt;the token of trigger merged, {hook.token_prefix}…&gt;&#x27;"
+        in section
+    )
+    assert f"  https://relay.example.com/api/webhooks/{hook.pk}/\n" in section
+    assert '"Authorization: Bearer $RELAY_TRIGGER_TOKEN"'.replace('"', "&quot;") in section
+    section = page[page.index('id="trigger-nightly"') :]
+    assert "<code>0 3 * * *</code> (cron, UTC); next at " in section and " UTC." in section
+    assert re.search(r"rly[a-z]_[0-9A-Za-z]{61}", page) is None  # no token anywhere
+
+
+def test_only_who_may_change_a_trigger_gets_its_settings(alice):
+    workflow = make_workflow(alice, CONNECTED)
+    viewer = logged_in(with_perms("vic", "view_workflow"))
+    page = viewer.get(f"/app/workflows/{workflow.pk}/").content.decode()
+    assert 'id="trigger-reports"' in page and "/api/events</code>" in page  # where events go
+    assert "relay_trigger_token" not in page and "RELAY_TRIGGER_TOKEN" not in page
+
+
+def test_the_workflow_page_lists_the_connections_its_steps_name_and_links_to_make_a_missing_one(alice, staff):
+    from puppet_connection.models import PuppetConnection
+
+    alice.is_staff = True
+    alice.save()
+    alice.user_permissions.set(Permission.objects.filter(codename="add_puppetconnection"))
+    prod, _ = PuppetConnection.create_with_token(owner=alice, name="prod")
+    workflow = make_workflow(alice, CONNECTED)
+    page = logged_in(User.objects.get(pk=alice.pk)).get(f"/app/workflows/{workflow.pk}/").content.decode()
+    rows = {
+        name: page[page.index(f'id="connection-{name}"') :].split("</tr>")[0]
+        for name in ("puppet-prod", "puppet-staging", "slack-team")
+    }
+    assert (
+        f'<a href="/admin/puppet_connection/puppetconnection/{prod.pk}/change/">prod</a>'
+        in rows["puppet-prod"]
+    )
+    assert "exists" in rows["puppet-prod"] and "missing" not in rows["puppet-prod"]
+    assert (
+        '<a class="button" href="/admin/puppet_connection/puppetconnection/add/?name=staging">'
+        "Create the puppet connection staging</a>" in rows["puppet-staging"]
+    )
+    # No permission to add a Slack connection in the admin: the API, said in words.
+    assert "missing" in rows["slack-team"] and "<a " not in rows["slack-team"]
+    assert (
+        "You can make it with the API: POST /api/connections/slack/ with the name team." in rows["slack-team"]
+    )
+    # A superuser makes it for the owner: the owner filled in too.
+    page = logged_in(staff).get(f"/app/workflows/{workflow.pk}/").content.decode()
+    assert f"/admin/connections/slackconnection/add/?name=team&amp;owner={alice.pk}" in page
+    # The form it links to has the name filled in.
+    form = logged_in(staff).get(f"/admin/connections/slackconnection/add/?name=team&owner={alice.pk}")
+    assert 'name="name" value="team"' in form.content.decode()

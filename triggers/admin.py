@@ -4,7 +4,8 @@ from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 
 from relay.admin import TokenHolderAdmin
-from triggers.models import Event, Trigger
+from triggers import setup
+from triggers.models import Event, Trigger, TriggerKind
 from triggers.permissions import Action, events_for, may, may_events, triggers_for
 
 
@@ -30,6 +31,7 @@ class TriggerAdmin(TokenHolderAdmin):
         "image",
         "workflow",
         "token_prefix",
+        "sender_settings",
         "has_slack_webhook",
         "created",
         "last_used",
@@ -54,6 +56,21 @@ class TriggerAdmin(TokenHolderAdmin):
     # another user's trigger is read-only to staff; its regenerate page (TokenHolderAdmin) is
     # refused them, as is its delete without the delete permission, in the list's action too
     # (the admin asks has_delete_permission of each row it would delete).
+
+    @admin.display(description="Sender's settings")
+    def sender_settings(self, trigger: Trigger) -> str:
+        """What the sender is set up with, ready to paste, naming the token (never showing it)."""
+        if trigger.kind == TriggerKind.WEBHOOK:
+            return format_html('<pre class="trigger-setup">{}</pre>', setup.webhook_curl(trigger))
+        return format_html(
+            "<p>puppetlabs-relay's report processor (the token in a file):</p>"
+            '<pre class="trigger-setup">{}</pre>'
+            "<p>or Puppet's own http processor, which puts the token in the URL, and puppetserver logs that "
+            "URL whenever the service answers anything but 2xx:</p>"
+            '<pre class="trigger-setup">{}</pre>',
+            setup.report_processor_settings(trigger),
+            setup.http_processor_settings(trigger),
+        )
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Trigger]:
         return triggers_for(request.user, super().get_queryset(request).select_related("workflow"))

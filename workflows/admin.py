@@ -20,6 +20,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils import formats, timezone
 from django.utils.decorators import method_decorator
 from django.utils.html import format_html, format_html_join
 from django.views.decorators.debug import sensitive_post_parameters
@@ -196,7 +197,7 @@ class RevisionInline(WorkflowPartInline):
     """Revisions are the history of the document: shown, never edited."""
 
     model = WorkflowRevision
-    fields = ["number", "created_by", "created_at", "source"]
+    fields = ["number", "created_by", "created_at", "document"]
     readonly_fields = fields
     extra = 0
     can_delete = False
@@ -210,6 +211,12 @@ class RevisionInline(WorkflowPartInline):
 
     def has_delete_permission(self, request: HttpRequest, obj: Workflow | None = None) -> bool:
         return False
+
+    @admin.display(description="document")
+    def document(self, revision: WorkflowRevision) -> str:
+        """As written: the admin's read-only text field would join its lines with <br> and lose
+        the indentation, which is YAML's structure."""
+        return format_html('<pre class="revision-source" style="margin:0">{}</pre>', revision.source)
 
 
 @admin.register(Workflow)
@@ -309,6 +316,7 @@ class WorkflowAdmin(admin.ModelAdmin):
                 if trigger.name in pks
             ],
             "change_url": reverse("admin:workflows_workflow_change", args=[workflow.pk]),
+            "page_url": reverse("pages:workflow", args=[workflow.pk]),  # each trigger's settings
         }
         response = TemplateResponse(request, "admin/workflows/new_trigger_tokens.html", context)
         response["Cache-Control"] = "no-store"
@@ -598,8 +606,11 @@ class ApprovalAdmin(admin.ModelAdmin):
         return format_html('<a href="{}">{}</a>', url, step.run_id)
 
     @admin.display(description="answer by")
-    def deadline(self, step: StepRun) -> Any:
-        return step.recheck_at if step.status == StepStatus.IN_PROGRESS else None
+    def deadline(self, step: StepRun) -> str:
+        # Formatted here: a read-only field shows what a method returns as str() would.
+        if step.status != StepStatus.IN_PROGRESS or step.recheck_at is None:
+            return "—"
+        return formats.localize(timezone.template_localtime(step.recheck_at))
 
     @admin.display(description="what it approves")
     def evidence(self, step: StepRun) -> str:

@@ -12,7 +12,7 @@ from relay.tokens import TokenHolder
 class ConnectionTokenAuthentication(HolderTokenAuthentication):
     """Also records what the bridge says it runs on: `X-Relay-Platform: pe|oss` and
     `X-Relay-Backend: orchestrator|bolt|ssh`, sent by our bridge on every call (a report,
-    never trusted over the connection's settings)."""
+    never trusted over the connection's settings), and its User-Agent (`relay-bridge/0.1.0`)."""
 
     holder_model = PuppetConnection
 
@@ -20,7 +20,9 @@ class ConnectionTokenAuthentication(HolderTokenAuthentication):
         result = super().authenticate(request)
         if result is not None:
             result[1].note_bridge(
-                request.META.get("HTTP_X_RELAY_PLATFORM", ""), request.META.get("HTTP_X_RELAY_BACKEND", "")
+                request.META.get("HTTP_X_RELAY_PLATFORM", ""),
+                request.META.get("HTTP_X_RELAY_BACKEND", ""),
+                request.META.get("HTTP_USER_AGENT", ""),
             )
         return result
 

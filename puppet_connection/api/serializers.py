@@ -8,7 +8,8 @@ from relay.api.serializers import TokenField, TokenHolderSerializer
 
 class PuppetConnectionSerializer(TokenHolderSerializer):
     """`platform`, `backend` and `puppetdb` are the connection's settings, which runs are checked against;
-    `reported_*` is what its bridge last said (X-Relay-Platform, X-Relay-Backend), and
+    `reported_*` is what its bridge last said (X-Relay-Platform, X-Relay-Backend, the first product of
+    its User-Agent), and
     `warnings` says where the two disagree."""
 
     warnings = serializers.SerializerMethodField(
@@ -28,6 +29,7 @@ class PuppetConnectionSerializer(TokenHolderSerializer):
             "puppetdb",
             "reported_platform",
             "reported_backend",
+            "reported_agent",
             "warnings",
             "created",
             "last_used",
@@ -37,6 +39,7 @@ class PuppetConnectionSerializer(TokenHolderSerializer):
             "id",
             "reported_platform",
             "reported_backend",
+            "reported_agent",
             "created",
             "last_used",
             "token_regenerated_at",
