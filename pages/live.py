@@ -45,21 +45,22 @@ log = logging.getLogger(__name__)
 
 
 @functools.cache
-def _sql() -> tuple[str, int]:
-    """shown_rows as PostgreSQL SQL, and where the run's id goes among its parameters."""
+def _sql() -> tuple[str, tuple[Any, ...], int]:
+    """shown_rows as PostgreSQL SQL, its parameters (a JSON key among them), and where the
+    run's id goes among them."""
     sentinel = uuid.UUID(int=0)
     sql, params = shown_rows(sentinel).query.get_compiler(connection=connection).as_sql()
-    return sql, list(params).index(sentinel)
+    return sql, tuple(params), list(params).index(sentinel)
 
 
 async def _read_version(run_id: uuid.UUID) -> str:
-    sql, at = _sql()
-    params: list[Any] = [None] * (at + 1)
-    params[at] = run_id
+    sql, params, at = _sql()
+    bound = list(params)
+    bound[at] = run_id
     pool = adb.pool()
     assert pool is not None
     async with pool.connection() as conn:
-        cursor = await conn.execute(sql, params)
+        cursor = await conn.execute(sql, bound)
         return version_of(await cursor.fetchall())
 
 

@@ -364,7 +364,8 @@ def test_the_workflow_page_says_how_to_send_each_trigger_s_events_never_the_toke
     assert '"Authorization: Bearer $RELAY_TRIGGER_TOKEN"'.replace('"', "&quot;") in section
     section = page[page.index('id="trigger-nightly"') :]
     assert re.search(
-        r"<code>0 3 \* \* \*</code> \(cron, UTC\); next at <time datetime=\"[0-9T:-]+Z\">[0-9 :-]+ UTC</time>\.",
+        r"<code>0 3 \* \* \*</code> \(cron, UTC\); next at "
+        r"<time datetime=\"[0-9T:-]+Z\">[0-9 :-]+ UTC</time>\.",
         section,
     )
     assert re.search(r"rly[a-z]_[0-9A-Za-z]{61}", page) is None  # no token anywhere

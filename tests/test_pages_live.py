@@ -5,7 +5,9 @@ loop. Counted in reads and queries, never timed."""
 
 import json
 import re
+import uuid
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 
 import pytest
 import requests
@@ -13,6 +15,7 @@ from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from pages import live
 from tests.events_helpers import wait_until
@@ -140,3 +143,30 @@ def test_a_step_s_change_wakes_the_pages_and_one_of_another_run_does_not(live_se
         step.skip("the page shows this")
         answer = ask.result()
     assert answer.status_code == 200 and "the page shows this" in answer.text
+
+
+def test_a_waiting_steps_published_progress_wakes_its_pages(live_server, watched):
+    """A rollout's puppet-run step publishes its progress (batch k of n) each time it waits:
+    that is shown, so it wakes the pages as a status change does."""
+    run, headers, cookies = watched
+    run.begin()
+    step = StepRun.objects.get(run=run, name="a")
+    lease = uuid.uuid4()
+    StepRun.objects.filter(pk=step.pk).update(status="in-progress", lease_id=lease)
+    headers, cookies = page_of(run, run.created_by)  # the page as it is now
+    url = f"{live_server.url}/app/runs/{run.pk}/live/"
+    with ThreadPoolExecutor(1) as pool:
+        ask = pool.submit(requests.get, url, headers=headers, cookies=cookies, timeout=60)
+        wait_until(lambda: waiting(run) == 1, timeout=30)
+        progress = {
+            "state": "running",
+            "batch": 2,
+            "batches": 3,
+            "nodes": 9,
+            "nodes_done": 3,
+            "nodes_failed": 0,
+        }
+        assert step.record_wait(lease, {}, {"rollout": progress}, timezone.now() + timedelta(minutes=1), None)
+        answer = ask.result()
+    assert answer.status_code == 200
+    assert "Rollout: batch 2 of 3 (running), 3 of 9 nodes done, 0 failed" in answer.text
