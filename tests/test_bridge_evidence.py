@@ -347,11 +347,11 @@ def test_a_real_agent_through_puppetserver_and_its_puppetdb_terminus(
     with_puppetdb(config, puppetdb_url=puppetdb.url, puppetdb_report_wait=60)
     run_id = oss.client.create_run({"scope": {"nodes": [certname]}, "noop": True})["id"]
     try:
-        assert relay_bridge(config, "poll", "--once", log=tmp_path / "bridge.log").wait(300) == 0
+        assert relay_bridge(config, "poll", "--once", log=tmp_path / "bridge.log").wait(60) == 0
+        run = completed(run_id, timeout=300)  # the forked worker: Puppet, then PuppetDB
     finally:
         puppetserver.manifest("node default { }")
 
-    run = completed(run_id)
     assert run.outcome == "finished", run.run_results
     [node] = run.run_results["nodes"]
     assert not target.exists()  # noop
