@@ -10,10 +10,12 @@ under the run's job id) and with a real `puppet agent` through the session's pup
 and its PuppetDB terminus. PuppetDB down, silent or without the report: the run completes
 with its outcome and the evidence says why it is not available."""
 
+import json
 import socket
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 import yaml
@@ -31,6 +33,7 @@ from runs.models import Run
 from tests.bao import free_port
 from tests.bridge_helpers import Service, bridge_config, completed, relay_bridge
 from tests.puppetdb import PuppetDB, now
+from tests.sshd import write_fake_puppet
 from tests.standins.orchestrator import Job, Orchestrator
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -362,3 +365,60 @@ def test_a_real_agent_through_puppetserver_and_its_puppetdb_terminus(
     [report] = Client(puppetdb.url).query(["=", "job_id", run_id], "reports")
     assert node["report"]["transaction_uuid"] == report["transaction_uuid"]
     assert node["report"]["noop"] is True
+
+
+# Open source: the Bolt backend (tests/standins/bolt), and a bridge that restarted.
+
+BOLT = str(Path(__file__).parent / "standins" / "bolt")
+
+
+def finish(job, timeout: float = 60) -> tuple[str, dict]:
+    deadline = time.monotonic() + timeout
+    while not job.wait(0.2):  # the run worker's heartbeat loop
+        assert time.monotonic() < deadline
+    outcome, results = job.result()
+    return outcome, {node["name"]: node for node in results["nodes"]}
+
+
+def test_bolt_takes_the_runs_reports_from_puppetdb_and_so_does_a_restarted_bridge(
+    puppetdb, tmp_path, monkeypatch
+):
+    run = {
+        "id": str(uuid.uuid4()),
+        "type": "run",
+        "noop": True,
+        "scope": {"nodes": ["bolt-ev-web", "bolt-ev-gone"]},
+    }
+    monkeypatch.setenv("BOLT_STANDIN_ENV", json.dumps({"bolt-ev-web": {"FAKE_PUPPET_EXIT": "0"}}))
+    monkeypatch.setenv("BOLT_STANDIN_UNREACHABLE", "bolt-ev-gone")
+    config = tmp_path / "bridge.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "relay_api_url": "http://127.0.0.1:1/",
+                "relay_connection_token": "rlyp_x",
+                "backend": "bolt",
+                "backend_bolt_bolt_path": BOLT,
+                "backend_bolt_node_puppet_path": str(write_fake_puppet(tmp_path)),
+                "puppetdb_url": puppetdb.url,
+                "puppetdb_report_wait": 30,
+            }
+        )
+    )
+    backend = make(load(config, environ={}))
+    puppetdb.store_report("bolt-ev-web", noop=True, job_id=run["id"], resources=CHANGES["web"])
+
+    job = backend.start(run, tmp_path / "work")
+    outcome, nodes = finish(job)
+
+    assert outcome == "failed"  # the unreachable target
+    web, gone = nodes["bolt-ev-web"], nodes["bolt-ev-gone"]
+    assert web["changes_pending"] is True and web["resources_total"] == 2
+    assert "relay-bridge: last run report" not in web["output"]  # Bolt's nodes print no report
+    assert "changes_pending" not in gone and "report_error" not in gone  # Puppet never ran there
+
+    # A bridge that restarts re-attaches to Bolt's results and reads the reports again.
+    handle = json.loads(json.dumps(job.handle()))  # as the run's record keeps it
+    assert handle["evidence"] == {"job_id": run["id"]}
+    _, again = finish(backend.attach(handle, tmp_path / "work"))
+    assert again["bolt-ev-web"]["resources"] == web["resources"]
