@@ -17,9 +17,10 @@ SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 # A `puppet` for the nodes when the test is about the bridge, not Puppet: it records its
 # arguments and pid, prints the file FAKE_PUPPET_PRINT names, sleeps FAKE_PUPPET_SLEEP
 # seconds and exits FAKE_PUPPET_EXIT. Asked for its `lastrunreport`, it names
-# FAKE_PUPPET_REPORT (nothing when unset), without counting that as a run.
+# FAKE_PUPPET_REPORT (nothing when unset), without counting that as a run, after
+# FAKE_PUPPET_CONFIG_SLEEP seconds (what a real `puppet config print` costs: Ruby's start).
 FAKE_PUPPET = """#!/bin/sh
-if [ "$1" = config ]; then echo "${FAKE_PUPPET_REPORT:-}"; exit 0; fi
+if [ "$1" = config ]; then sleep "${FAKE_PUPPET_CONFIG_SLEEP:-0}"; echo "${FAKE_PUPPET_REPORT:-}"; exit 0; fi
 log="${FAKE_PUPPET_LOG:-/dev/null}"
 echo "start $(date +%s.%N) $$ ${FAKE_PUPPET_NODE:-} $*" >> "$log"
 echo "Notice: fake puppet on ${FAKE_PUPPET_NODE:-node} with $*"

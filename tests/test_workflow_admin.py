@@ -136,6 +136,9 @@ steps:
         - name: web-2.example.com
           changes_pending: false
           resources: []
+        - name: web-3.example.com
+          changes_pending: null
+          report_error: "not available: PuppetDB had no report of this run for the node after 30 s"
 - name: gate
   type: approval
   dependsOn: dry-run
@@ -159,6 +162,10 @@ def test_the_approval_shows_what_the_dry_run_would_change_and_the_run_page_links
         in page
     )
     assert "<strong>web-2.example.com</strong>: no changes pending" in page
+    assert (
+        "<strong>web-3.example.com</strong>: not available: PuppetDB had no report of this "
+        "run for the node after 30 s" in page
+    )
 
     page = logged_in(staff).get(f"/admin/workflows/workflowrun/{run.pk}/change/").content.decode()
     assert f'href="/admin/runs/run/{puppet_run.pk}/change/">{puppet_run.pk} (pending)</a>' in page

@@ -56,7 +56,8 @@ def puppet_run_of(step: StepRun) -> Run | None:
 
 def what_would_change(outputs: Any) -> str:
     """A run-wait's `results`, per node: whether changes are pending and which resources
-    would change (the bridge reads them from each node's last run report)."""
+    would change (the bridge reads them from each node's report of the run: from the node,
+    or from PuppetDB), or why that is not known."""
     results = outputs.get("results") if isinstance(outputs, dict) else None
     nodes = results.get("nodes") if isinstance(results, dict) else None  # or hidden: MASK
     if not isinstance(nodes, list):
@@ -67,6 +68,8 @@ def what_would_change(outputs: Any) -> str:
             continue
         pending = node.get("changes_pending")
         state = {True: "changes pending", False: "no changes pending"}.get(pending, "not known")
+        if pending is None and isinstance(node.get("report_error"), str):
+            state = node["report_error"]  # why not: e.g. "not available: <reason>" (PuppetDB)
         changes = [
             f"{r.get('type')}[{r.get('title')}] "
             + ", ".join(

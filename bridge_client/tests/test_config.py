@@ -213,6 +213,14 @@ def test_the_token_can_come_from_a_file(tmp_path):
             "puppetdb_url: https://pdb:8081\npuppetdb_key: [k]\n",
             "puppetdb_key",
         ),
+        (
+            "relay_api_url: https://x\nrelay_connection_token: {token}\npuppetdb_report_wait: soon\n",
+            "puppetdb_report_wait",
+        ),
+        (
+            "relay_api_url: https://x\nrelay_connection_token: {token}\npuppetdb_report_wait: -1\n",
+            "puppetdb_report_wait",
+        ),
     ],
 )
 def test_invalid_configuration_names_the_key(tmp_path, text, key):
@@ -225,6 +233,7 @@ def test_puppetdb_over_https_defaults_to_the_agent_s_certificate_key_and_ca(tmp_
     """As the module does for puppetserver: the agent's ssldir and certname, as Puppet says."""
     import subprocess
 
+    from relay_bridge.backends.evidence import Evidence
     from relay_bridge.backends.query import QueryScoped
     from relay_bridge.puppetdb import connect
 
@@ -241,7 +250,16 @@ def test_puppetdb_over_https_defaults_to_the_agent_s_certificate_key_and_ca(tmp_
         str(ssldir / f"private_keys/{certname}.pem"),
     )
     assert client.session.verify == str(ssldir / "certs/ca.pem")
-    assert isinstance(make(loaded), QueryScoped)
+    # Query scopes, and the runs' reports from PuppetDB (not from the nodes) up to 30 s.
+    backend = make(loaded)
+    assert isinstance(backend, Evidence) and (backend.by, backend.limit) == ("job_id", 30)
+    assert isinstance(backend.backend, QueryScoped) and backend.backend.backend.report_max_bytes == 0
+    assert backend.puppetdb is backend.backend.puppetdb
+    # puppetdb_report_wait 0: query scopes only; the nodes print their reports as before.
+    waitless = load(
+        write(tmp_path, base + "puppetdb_url: https://pdb:8081\npuppetdb_report_wait: 0\n"), environ={}
+    )
+    assert isinstance(make(waitless), QueryScoped) and make(waitless).backend.report_max_bytes > 0
     # Each may be named instead; over http, none is used.
     named = load(
         write(tmp_path, base + "puppetdb_url: https://pdb:8081\npuppetdb_cacert: /etc/pdb-ca.pem\n"),

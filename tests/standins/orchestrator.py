@@ -4,7 +4,9 @@ endpoints with their validation, job states through `stopped`, `finished` and `f
 paged node lists, and PE's error bodies `{"kind", "msg", "details"}`.
 
 Tests steer it: `script` is the states the next job goes through, one per GET of it;
-`node_states` says how nodes end; `fail_next` makes the next requests answer 5xx."""
+`node_states` says how nodes end; `fail_next` makes the next requests answer 5xx;
+`on_final(job)` is called as a Puppet job ends (where PE's agents would have sent their
+reports, each with its node's `transaction_uuids[node]`, to PuppetDB)."""
 
 import json
 import re
@@ -12,6 +14,7 @@ import ssl
 import subprocess
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -94,11 +97,15 @@ class Job:
     plan_result: Any = None
     transaction_uuids: dict[str, str] = field(default_factory=dict)
 
-    def advance(self) -> None:
+    def advance(self) -> bool:
+        """The next state; True when it is the one the job ends in."""
         if self.stop_requested and self.state not in ("stopped", "finished", "failed", "success", "failure"):
             self.state = "stopped" if self.state == "stopping" else "stopping"
-        elif self.script:
+            return self.state == "stopped"
+        if self.script:
             self.state = self.script.pop(0)
+            return self.state in ("stopped", "finished", "failed")
+        return False
 
 
 class Orchestrator:
@@ -115,6 +122,7 @@ class Orchestrator:
         self.plan_result: Any = {"status": "done"}
         self.fail_next: list[int] = []
         self.seen: list[dict[str, Any]] = []
+        self.on_final: Callable[[Job], None] | None = None
         self.jobs: dict[str, Job] = {}
         self._next_job = 81
         self._lock = threading.Lock()
@@ -192,7 +200,8 @@ class Orchestrator:
                 return self._error(404, "unknown-job", f"No job exists with id {match.group(2)}")
             if match.group(3):
                 return self._nodes(job, int(query.get("limit", "50")), int(query.get("offset", "0")))
-            job.advance()
+            if job.advance() and job.command == "deploy" and self.on_final:
+                self.on_final(job)
             if job.command == "plan_run":
                 return 200, {
                     "id": f"{self.url}/plan_jobs/{job.name}",
@@ -219,6 +228,7 @@ class Orchestrator:
         if command == "plan_run":  # a plan job ends in PE's plan-job states
             script = [{"finished": "success", "failed": "failure"}.get(state, state) for state in script]
         job = Job(name, command, body, nodes, script, dict(self.node_states))
+        job.transaction_uuids = {node: str(uuid.uuid4()) for node in nodes}
         self.jobs[name] = job
         return job
 

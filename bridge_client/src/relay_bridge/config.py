@@ -44,6 +44,9 @@ KNOWN = (
     "puppetdb_cert",
     "puppetdb_key",
     "puppetdb_cacert",
+    # Ours: how long to wait for a run's reports to appear in PuppetDB (seconds; 0: the
+    # reports are not read from PuppetDB). relay_bridge.backends.evidence.
+    "puppetdb_report_wait",
 )
 # Keys read from the file only: RELAY_DEBUG or RELAY_TEST in a shell's environment are
 # somebody else's, and a trigger token has no business in the bridge's environment.
@@ -69,6 +72,7 @@ class Config:
     debug: bool = False  # the module's `debug`: log at debug level
     puppetdb_url: str | None = None
     puppetdb_tls: tuple[str | None, str | None, str | None] = (None, None, None)  # cert, key, CA
+    puppetdb_report_wait: float = 30.0
     source: Path | None = None  # the file read, if any
 
     def options(self, backend: str) -> dict[str, Any]:
@@ -208,6 +212,12 @@ def _validate(values: dict[str, Any], source: Path | None = None) -> Config:
         if value is not None and puppetdb_url is None:
             raise ConfigError(key, "is for puppetdb_url, which is not set")
     tls = tuple(values.get(key) or None for key in ("puppetdb_cert", "puppetdb_key", "puppetdb_cacert"))
+    try:
+        report_wait = float(values.get("puppetdb_report_wait", 30.0))
+    except (TypeError, ValueError):
+        raise ConfigError("puppetdb_report_wait", "must be a number of seconds") from None
+    if not 0 <= report_wait <= 3600:
+        raise ConfigError("puppetdb_report_wait", "must be from 0 to 3600 seconds")
 
     return Config(
         relay_api_url=url.rstrip("/") + "/",
@@ -221,6 +231,7 @@ def _validate(values: dict[str, Any], source: Path | None = None) -> Config:
         source=source,
         puppetdb_url=puppetdb_url,
         puppetdb_tls=tls,  # type: ignore[arg-type]
+        puppetdb_report_wait=report_wait,
     )
 
 

@@ -6,7 +6,7 @@ on localhost. A small module of our own rather than pypuppetdb: the bridge needs
 when the query is refused, which pypuppetdb turns into an exception without it.
 
 The client only: relay_bridge.backends.query gives the Bolt and SSH backends the `query`
-scope with it."""
+scope with it, relay_bridge.backends.evidence every backend the runs' reports."""
 
 from __future__ import annotations
 
@@ -44,14 +44,23 @@ class PuppetDB:
                 self.session.cert = (self.cert, self.key)
             self.session.verify = self.cacert or True
 
-    def query(self, query: str | list[Any], endpoint: str = "") -> list[dict[str, Any]]:
+    def query(
+        self,
+        query: str | list[Any],
+        endpoint: str = "",
+        timeout: float | None = None,
+        **paging: Any,
+    ) -> list[dict[str, Any]]:
         """Rows for `query`: PQL text (on /pdb/query/v4), or an AST (a list) on `endpoint`
-        (`nodes`, `inventory`, …; the root when it starts with `from`). PuppetDBError with
-        PuppetDB's own message when it refuses the query, or cannot be reached."""
+        (`nodes`, `inventory`, …; the root when it starts with `from`); `paging`: PuppetDB's
+        `order_by`, `limit`, `offset`. PuppetDBError with PuppetDB's own message when it
+        refuses the query, or cannot be reached."""
         path = "/pdb/query/v4" + (f"/{endpoint}" if endpoint else "")
         try:
             answer = self.session.post(
-                self.url.rstrip("/") + path, json={"query": query}, timeout=self.timeout
+                self.url.rstrip("/") + path,
+                json={"query": query, **paging},
+                timeout=timeout or self.timeout,
             )
         except requests.RequestException as exc:
             raise PuppetDBError(f"PuppetDB at {self.url} could not be reached: {exc}") from None

@@ -288,6 +288,12 @@ def summarise(report: dict[str, Any], job_id: str) -> dict[str, Any]:
         if found is None:
             raise ReportError("The node's last run report names no job id: it is not this run's.")
         raise ReportError(f"The node's last run report is another run's (job id {_shown(found)}).")
+    return changes_of(report)
+
+
+def changes_of(report: dict[str, Any]) -> dict[str, Any]:
+    """The fields node_changes returns, from a report's parts (a report known to be the
+    run's: by its job id here, by its transaction in PuppetDB)."""
     statuses = report.get("resource_statuses")
     statuses = statuses if isinstance(statuses, dict) else {}
     resources: list[dict[str, Any]] = []
@@ -438,3 +444,33 @@ def _json(value: Any, budget: int) -> str:
 
 def _shown(value: Any) -> str:
     return repr(value)[:80]
+
+
+def from_puppetdb(report: dict[str, Any], events: list[dict[str, Any]]) -> dict[str, Any]:
+    """A report as PuppetDB keeps it (a row of /pdb/query/v4/reports, and the rows of
+    /pdb/query/v4/events for its hash) in the parts a node's report has, for changes_of:
+    PuppetDB keeps a report's resource events, not its resource statuses, so a resource is
+    failed when one of its events failed."""
+    statuses: dict[str, dict[str, Any]] = {}
+    for event in events:
+        kind, title = event.get("resource_type"), event.get("resource_title")
+        status = statuses.setdefault(
+            f"{kind}[{title}]", {"resource_type": kind, "title": title, "failed": False, "events": []}
+        )
+        status["events"].append(
+            {
+                "property": event.get("property"),
+                "previous_value": event.get("old_value"),
+                "desired_value": event.get("new_value"),
+                "status": event.get("status"),
+                "message": event.get("message"),
+            }
+        )
+        status["failed"] = status["failed"] or event.get("status") == "failure"
+    parts = {key: report.get(key) for key in TOP_KEYS if key in report}
+    parts["resource_statuses"] = statuses
+    # PuppetDB keeps no `transaction_completed`: a failed report without a failed resource
+    # is a run that applied no catalog (it did not compile, say).
+    if report.get("status") == "failed" and not any(s["failed"] for s in statuses.values()):
+        parts["transaction_completed"] = False
+    return parts

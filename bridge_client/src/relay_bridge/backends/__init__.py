@@ -204,23 +204,36 @@ def choose(config: Config, which: Any = shutil.which, pe: bool | None = None) ->
 def make(config: Config, which: Any = shutil.which, pe: bool | None = None) -> Backend:
     pe = is_pe() if pe is None else pe
     name = choose(config, which, pe)
+    # With PuppetDB, the runs' reports are read there (relay_bridge.backends.evidence): the
+    # nodes no longer print theirs after Puppet.
+    reports_from_puppetdb = bool(config.puppetdb_url and config.puppetdb_report_wait)
+    node_reports = {"report_max_bytes": 0} if reports_from_puppetdb else {}
     if name == "ssh":
         from relay_bridge.backends.ssh import SshBackend
 
-        backend: Backend = SshBackend(config.options("ssh"))
+        backend: Backend = SshBackend({**config.options("ssh"), **node_reports})
     elif name == "bolt":
         from relay_bridge.backends.bolt import BoltBackend
 
-        backend = BoltBackend(config.options("bolt"))
+        backend = BoltBackend({**config.options("bolt"), **node_reports})
     else:
         from relay_bridge.backends.orchestrator import OrchestratorBackend
 
         backend = OrchestratorBackend(config.options("orchestrator"))
     # The platform is what this host runs, whatever the backend (PE can be driven over SSH).
     backend.platform = "pe" if pe or name == "orchestrator" else "oss"
-    if config.puppetdb_url and name != "orchestrator":  # the orchestrator asks PuppetDB itself
-        from relay_bridge.backends.query import QueryScoped
-        from relay_bridge.puppetdb import connect
+    if not config.puppetdb_url:
+        return backend
+    from relay_bridge.puppetdb import connect
 
-        backend = QueryScoped(backend, connect(config))
+    puppetdb = connect(config)
+    if name != "orchestrator":  # the orchestrator resolves query scopes itself
+        from relay_bridge.backends.query import QueryScoped
+
+        backend = QueryScoped(backend, puppetdb)
+    if reports_from_puppetdb:
+        from relay_bridge.backends.evidence import Evidence
+
+        by = "transaction_uuid" if name == "orchestrator" else "job_id"
+        backend = Evidence(backend, puppetdb, config.puppetdb_report_wait, by)
     return backend
