@@ -214,12 +214,19 @@ def run_form(request: HttpRequest, workflow_id: Any) -> HttpResponse:
     return render(request, "pages/run_form.html", {"workflow": workflow, "form": form}, status=200)
 
 
-def evidence(run: WorkflowRun, before: tuple[str, ...]) -> list[tuple[str, str, str, str]]:
+def evidence(run: WorkflowRun, before: tuple[str, ...]) -> list[tuple[str, str, str, str, str]]:
     """What an approval approves: the steps before it, their status, message and outputs
-    (sensitive ones masked), as the admin's approval page shows them."""
+    (sensitive ones masked), and for a Puppet dry run what it would change on each node (or
+    why that is not known), as the admin's approval page shows them."""
     rows = StepRun.objects.filter(run=run, name__in=before).order_by("index")
     return [
-        (row.name, row.status, row.message, json.dumps(row.shown_outputs, indent=2, sort_keys=True))
+        (
+            row.name,
+            row.status,
+            row.message,
+            json.dumps(row.shown_outputs, indent=2, sort_keys=True),
+            what_would_change(row.shown_outputs),
+        )
         for row in rows
     ]
 

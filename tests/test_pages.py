@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 
 from tests.workflow_helpers import NOOP, make_workflow, steps_of, waiting_at_gate
 from workflows import engine
-from workflows.models import WorkflowRun
+from workflows.models import StepRun, WorkflowRun
 
 SOURCE = f"""apiVersion: v1
 parameters:
@@ -412,3 +412,32 @@ def test_the_workflow_page_lists_the_connections_its_steps_name_and_links_to_mak
     # The form it links to has the name filled in.
     form = logged_in(staff).get(f"/admin/connections/slackconnection/add/?name=team&owner={alice.pk}")
     assert 'name="name" value="team"' in form.content.decode()
+
+
+def test_an_approval_shows_what_the_dry_run_before_it_would_change_or_why_that_is_not_known(waiting):
+    results = {
+        "nodes": [
+            {
+                "name": "web-1",
+                "changes_pending": True,
+                "resources": [
+                    {
+                        "type": "File",
+                        "title": "/etc/motd",
+                        "changes": [{"property": "content", "from": "a", "to": "b"}],
+                    }
+                ],
+            },
+            {
+                "name": "web-2",
+                "changes_pending": None,
+                "report_error": "not available: PuppetDB at x could not be reached",
+            },
+        ]
+    }
+    StepRun.objects.filter(run_id=waiting.run_id, name="a").update(outputs={"results": results})
+    approver = logged_in(with_perms("ann", "approve_steprun", "view_workflowrun"))
+    page = approver.get(f"/app/runs/{waiting.run_id}/").content.decode()
+    assert "After <strong>a</strong> (success), which would change:" in page
+    assert "<strong>web-1</strong>: changes pending<br>File[/etc/motd] content: a → b" in page
+    assert "<strong>web-2</strong>: not available: PuppetDB at x could not be reached" in page
