@@ -110,6 +110,23 @@ class Backend(Protocol):
         """The job `handle` names, after a restart; RunError when it cannot be found."""
 
 
+class Wrapping:
+    """A backend around another (query.QueryScoped resolves a query first, evidence.Evidence
+    reads the reports after): the inner one's name, and its platform read and set through."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.name = backend.name
+
+    @property
+    def platform(self) -> str:
+        return self.backend.platform
+
+    @platform.setter
+    def platform(self, value: str) -> None:
+        self.backend.platform = value
+
+
 def environment_of(run: dict[str, Any]) -> str | None:
     """The run's Puppet environment, if it names one; RunError when it is not a valid name."""
     environment = run.get("environment")

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from relay_bridge import reports, trust
-from relay_bridge.backends import Backend, Job
+from relay_bridge.backends import Backend, Job, Wrapping
 from relay_bridge.puppetdb import PuppetDB, PuppetDBError
 
 POLL_SECONDS = 1.0
@@ -56,22 +56,14 @@ EVENT_FIELDS = [
 ]
 
 
-class Evidence:
+class Evidence(Wrapping):
     """A backend whose Puppet runs' evidence comes from PuppetDB: by each node's
     transaction uuid (`by="transaction_uuid"`: the PE orchestrator's node items name it) or
     by the run's job id (`by="job_id"`: SSH and Bolt run the agent with `--job-id`)."""
 
     def __init__(self, backend: Backend, puppetdb: PuppetDB, limit: float, by: str) -> None:
-        self.backend, self.puppetdb, self.limit, self.by = backend, puppetdb, limit, by
-        self.name = backend.name
-
-    @property
-    def platform(self) -> str:
-        return self.backend.platform
-
-    @platform.setter
-    def platform(self, value: str) -> None:
-        self.backend.platform = value
+        super().__init__(backend)
+        self.puppetdb, self.limit, self.by = puppetdb, limit, by
 
     def start(self, run: dict[str, Any], workdir: Path) -> Job:
         job = self.backend.start(run, workdir)

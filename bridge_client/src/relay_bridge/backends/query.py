@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from relay_bridge.backends import Backend, Job, RunError, check_certnames, scope_of
+from relay_bridge.backends import Backend, Job, RunError, Wrapping, check_certnames, scope_of
 from relay_bridge.puppetdb import PuppetDB, PuppetDBError
 
 
@@ -34,22 +34,14 @@ class ResolvedJob:
         return {**self.job.handle(), "resolved": self.resolved}
 
 
-class QueryScoped:
+class QueryScoped(Wrapping):
     """A Bolt or SSH backend that also takes `query` scopes, resolved through PuppetDB to a
     node list first. A query that matches nothing or that PuppetDB refuses ends the run with
     an `error` outcome and PuppetDB's message (as PE's orchestrator's `empty-target`)."""
 
     def __init__(self, backend: Backend, puppetdb: PuppetDB) -> None:
-        self.backend, self.puppetdb = backend, puppetdb
-        self.name = backend.name
-
-    @property
-    def platform(self) -> str:
-        return self.backend.platform
-
-    @platform.setter
-    def platform(self, value: str) -> None:
-        self.backend.platform = value
+        super().__init__(backend)
+        self.puppetdb = puppetdb
 
     def start(self, run: dict[str, Any], workdir: Path) -> Job:
         scope = scope_of(run)
