@@ -11,6 +11,7 @@ refused for a key."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,8 @@ from typing import Any
 from urllib.parse import quote, urlparse
 
 import yaml
+
+from relay_bridge.inventory import DEFAULT_FACTS
 
 DEFAULT_PATH = Path("/etc/relay/bridge.yaml")
 # The module's relay.yaml (`${settings::confdir}/relay.yaml`). $RELAY_MODULE_CONFIG moves it
@@ -44,10 +47,16 @@ KNOWN = (
     "puppetdb_cert",
     "puppetdb_key",
     "puppetdb_cacert",
+    # Ours: the node inventory sent from PuppetDB (relay_bridge.inventory): the facts that may
+    # leave the site (dotted paths; default relay_bridge.inventory.DEFAULT_FACTS), and the
+    # seconds between syncs in `serve` (0: only when the service asks, and in `poll --once`).
+    "inventory_facts",
+    "inventory_interval",
 )
 # Keys read from the file only: RELAY_DEBUG or RELAY_TEST in a shell's environment are
 # somebody else's, and a trigger token has no business in the bridge's environment.
 FILE_ONLY = ("relay_trigger_token", "debug", "test")
+FACT_PATH_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*(\.[A-Za-z0-9_][A-Za-z0-9_-]*)*")
 TRUE, FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 
 
@@ -69,6 +78,8 @@ class Config:
     debug: bool = False  # the module's `debug`: log at debug level
     puppetdb_url: str | None = None
     puppetdb_tls: tuple[str | None, str | None, str | None] = (None, None, None)  # cert, key, CA
+    inventory_facts: tuple[str, ...] = ()  # with puppetdb_url: what leaves the site
+    inventory_interval: float = 300.0
     source: Path | None = None  # the file read, if any
 
     def options(self, backend: str) -> dict[str, Any]:
@@ -208,6 +219,13 @@ def _validate(values: dict[str, Any], source: Path | None = None) -> Config:
         if value is not None and puppetdb_url is None:
             raise ConfigError(key, "is for puppetdb_url, which is not set")
     tls = tuple(values.get(key) or None for key in ("puppetdb_cert", "puppetdb_key", "puppetdb_cacert"))
+    facts = _inventory_facts(values.get("inventory_facts"), puppetdb_url)
+    try:
+        interval = float(values.get("inventory_interval", 300.0))
+    except (TypeError, ValueError):
+        raise ConfigError("inventory_interval", "must be a number of seconds") from None
+    if not (interval == 0 or 10 <= interval <= 86400):
+        raise ConfigError("inventory_interval", "must be 0 (off) or from 10 to 86400 seconds")
 
     return Config(
         relay_api_url=url.rstrip("/") + "/",
@@ -221,7 +239,27 @@ def _validate(values: dict[str, Any], source: Path | None = None) -> Config:
         source=source,
         puppetdb_url=puppetdb_url,
         puppetdb_tls=tls,  # type: ignore[arg-type]
+        inventory_facts=facts,
+        inventory_interval=interval,
     )
+
+
+def _inventory_facts(value: Any, puppetdb_url: str | None) -> tuple[str, ...]:
+    """The allow-list: a YAML list, or comma-separated text (an environment variable)."""
+    if value is None:
+        return DEFAULT_FACTS if puppetdb_url else ()
+    if puppetdb_url is None:
+        raise ConfigError("inventory_facts", "is for puppetdb_url, which is not set")
+    paths = [p.strip() for p in value.split(",")] if isinstance(value, str) else value
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        raise ConfigError("inventory_facts", "must be a list of dotted fact paths, e.g. [os.family, kernel]")
+    paths = [p for p in paths if p]
+    for path in paths:
+        if not FACT_PATH_RE.fullmatch(path):
+            raise ConfigError(
+                "inventory_facts", f"{path[:100]!r} is not a dotted fact path (os.release.full)"
+            )
+    return tuple(dict.fromkeys(paths))
 
 
 def _proxy_url(values: Mapping[str, Any]) -> str | None:

@@ -1,0 +1,286 @@
+"""The fleet inventory on the service's side (issue 21 §3): the bridge's `/_puppet/inventory`
+extension (syncs, pages, their bounds), the inventory API with its filters, and the scope
+preview (inventory.scope). Pages are sent here as the bridge sends them; the bridge reading
+a real PuppetDB is tests/test_bridge_inventory.py."""
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from inventory.models import Inventory, Node
+from inventory.scope import RESOLVED_AT_RUN_TIME, resolve_scope
+from tests.conftest import bridge, client_for
+from tests.test_connection_api import assert_problem
+
+FACTS = ["os.family", "kernel"]
+BASE = "/_puppet/inventory"
+
+
+def recent(minutes: int = 1) -> str:
+    return (datetime.now(UTC) - timedelta(minutes=minutes)).isoformat()
+
+
+def node(certname: str, family: str = "Debian", **fields) -> dict:
+    return {
+        "certname": certname,
+        "environment": "production",
+        "report_status": "unchanged",
+        "report_timestamp": recent(),
+        "facts_timestamp": recent(),
+        "deactivated": None,
+        "expired": None,
+        "facts": {"os.family": family, "kernel": "Linux"},
+        **fields,
+    }
+
+
+def start(token: str, facts: list[str] = FACTS) -> dict:
+    answer = bridge(token).post(f"{BASE}/syncs", {"facts": facts}, format="json")
+    assert answer.status_code == 201, answer.content
+    return answer.json()
+
+
+def page(token: str, sync: dict, nodes: list) -> dict:
+    answer = bridge(token).put(f"{BASE}/syncs/{sync['id']}/nodes", {"nodes": nodes}, format="json")
+    assert answer.status_code == 200, answer.content
+    return answer.json()
+
+
+def end(token: str, sync: dict, since: str = "2026-01-01T00:00:00+00:00") -> dict:
+    answer = bridge(token).post(f"{BASE}/syncs/{sync['id']}/done", {"since": since}, format="json")
+    assert answer.status_code == 200, answer.content
+    return answer.json()
+
+
+def synced(token: str, nodes: list) -> None:
+    sync = start(token)
+    page(token, sync, nodes)
+    end(token, sync)
+
+
+@pytest.fixture
+def token(connection) -> str:
+    return connection[1]
+
+
+def test_a_first_sync_is_full_and_later_ones_incremental_from_the_time_kept(token, connection):
+    sync = start(token)
+    assert (sync["full"], sync["since"]) == (True, None)
+    assert page(token, sync, [node("web-1"), node("db-1", "RedHat")]) == {"stored": 2, "refused": []}
+    end(token, sync, since="2026-11-26T10:00:00+00:00")
+
+    again = start(token)
+    assert (again["full"], again["since"]) == (False, "2026-11-26T10:00:00+00:00")
+    page(token, again, [node("web-1", report_status="failed")])
+    end(token, again, since="2026-11-26T11:00:00+00:00")
+    rows = {n.certname: n for n in Node.objects.filter(connection=connection[0])}
+    assert set(rows) == {"web-1", "db-1"}  # an incremental sync drops nothing
+    assert rows["web-1"].report_status == "failed"
+    assert rows["db-1"].facts == {"os.family": "RedHat", "kernel": "Linux"}
+
+
+def test_a_full_sync_drops_the_nodes_puppetdb_no_longer_has(token, connection):
+    synced(token, [node("web-1"), node("gone-1")])
+    Inventory.objects.filter(connection=connection[0]).update(full_synced_at=None)  # a day later
+    sync = start(token)
+    assert sync["full"]
+    page(token, sync, [node("web-1")])
+    assert end(token, sync) == {"dropped": 1}
+    assert list(Node.objects.values_list("certname", flat=True)) == ["web-1"]
+
+
+def test_a_changed_allow_list_makes_the_next_sync_full(token):
+    synced(token, [node("web-1")])
+    assert start(token, [*FACTS, "puppetversion"])["full"]
+
+
+def test_a_failed_sync_keeps_the_time_so_nothing_is_lost(token, connection):
+    synced(token, [node("web-1")])
+    kept = Inventory.objects.get(connection=connection[0]).since
+    sync = start(token)
+    answer = bridge(token).post(
+        f"{BASE}/syncs/{sync['id']}/done", {"error": "PuppetDB at x could not be reached"}, format="json"
+    )
+    assert answer.status_code == 200
+    inventory = Inventory.objects.get(connection=connection[0])
+    assert (inventory.since, inventory.last_error) == (kept, "PuppetDB at x could not be reached")
+    assert start(token)["since"] == kept
+
+
+def test_pages_of_a_sync_that_another_replaced_are_409(token):
+    old = start(token)
+    start(token)
+    answer = bridge(token).put(f"{BASE}/syncs/{old['id']}/nodes", {"nodes": [node("a")]}, format="json")
+    assert_problem(answer, 409)
+    assert_problem(bridge(token).post(f"{BASE}/syncs/{old['id']}/done", {"since": "x"}, format="json"), 409)
+    assert not Node.objects.exists()
+
+
+def test_odd_certnames_and_bad_nodes_are_refused_alone_and_the_rest_of_the_page_kept(token, connection):
+    sync = start(token)
+    answer = page(
+        token,
+        sync,
+        [
+            node("Web 1; rm -rf"),
+            node("ok-1"),
+            node("late", report_timestamp="yesterday"),
+            node("leaky", facts={"os.family": "Debian", "password": "hunter2"}),
+            "not a node",
+            node("big", facts={"kernel": "x" * 10000}),
+        ],
+    )
+    reasons = {r["certname"]: r["reason"] for r in answer["refused"]}
+    assert answer["stored"] == 2  # ok-1, and big without its fact
+    assert "Not a certname Puppet issues" in reasons["Web 1; rm -rf"]
+    assert "report_timestamp" in reasons["late"]
+    assert "password not in the allow-list" in reasons["leaky"]
+    assert "JSON object" in reasons["nodes[4]"]
+    assert "facts.kernel: over" in reasons["big"]
+    assert Node.objects.get(certname="big").facts == {}
+    assert not Node.objects.filter(facts__has_key="password").exists()
+
+
+def test_a_page_over_the_byte_bound_is_413_and_over_the_node_bound_400(token, settings):
+    sync = start(token)
+    body = json.dumps({"nodes": [node("a", facts={"kernel": "x" * 1000})] * 11000})
+    assert len(body) > 10 * 1024 * 1024
+    url = f"{BASE}/syncs/{sync['id']}/nodes"
+    problem = assert_problem(bridge(token).generic("PUT", url, body, content_type="application/json"), 413)
+    assert str(settings.INVENTORY_PAGE_MAX_BYTES) in problem["detail"]
+    settings.INVENTORY_PAGE_MAX_NODES = 3
+    problem = assert_problem(
+        bridge(token).put(url, {"nodes": [node(f"n{i}") for i in range(4)]}, format="json"), 400
+    )
+    assert "At most 3 nodes a page" in json.dumps(problem)
+
+
+@pytest.mark.parametrize(
+    "body", [[], {"facts": "os.family"}, {"facts": ["os..family"]}, {"facts": ["a; drop"]}, {"facts": [1]}]
+)
+def test_an_invalid_allow_list_is_400(token, body):
+    assert_problem(bridge(token).post(f"{BASE}/syncs", body, format="json"), 400)
+
+
+def test_on_demand_a_sync_is_due_until_one_has_ended_after_the_request(token, connection, alice):
+    synced(token, [node("a")])
+    assert bridge(token).get(BASE).json()["due"] is False
+    answer = client_for(alice).post(f"/api/connections/puppet/{connection[0].pk}/sync/")
+    assert answer.status_code == 202
+    assert bridge(token).get(BASE).json()["due"] is True
+    synced(token, [node("a")])
+    assert bridge(token).get(BASE).json()["due"] is False
+
+
+def fleet(token: str) -> None:
+    old = (datetime.now(UTC) - timedelta(days=2)).isoformat()
+    synced(
+        token,
+        [
+            node("web-1"),
+            node("web-2", report_status="failed"),
+            node("db-1", "RedHat"),
+            node("old-1", report_timestamp=old),
+            node("off-1", deactivated=recent()),
+            node("ttl-1", expired=recent(), report_timestamp=old),
+        ],
+    )
+
+
+def names(answer) -> list[str]:
+    assert answer.status_code == 200, answer.content
+    return [n["certname"] for n in answer.json()["nodes"]]
+
+
+def test_the_nodes_api_filters_by_fact_status_state_and_pages(token, connection, alice):
+    fleet(token)
+    api, url = client_for(alice), f"/api/connections/puppet/{connection[0].pk}/nodes/"
+    assert names(api.get(url)) == ["db-1", "off-1", "old-1", "ttl-1", "web-1", "web-2"]
+    assert names(api.get(url, {"fact.os.family": "RedHat"})) == ["db-1"]
+    assert names(api.get(url, {"fact.os.family": "Debian", "status": "failed"})) == ["web-2"]
+    assert names(api.get(url, {"state": "stale"})) == ["old-1"]
+    assert names(api.get(url, {"state": "deactivated"})) == ["off-1"]
+    assert names(api.get(url, {"state": "expired"})) == ["ttl-1"]
+    assert names(api.get(url, {"state": "active", "certname": "web"})) == ["web-1", "web-2"]
+    first = api.get(url, {"limit": 4})
+    assert names(first) == ["db-1", "off-1", "old-1", "ttl-1"]
+    assert names(api.get(first.json()["next"])) == ["web-1", "web-2"]
+    one = api.get(url, {"certname": "web-1"}).json()["nodes"][0]
+    assert (one["state"], one["environment"], one["facts"]) == (
+        "active",
+        "production",
+        {"os.family": "Debian", "kernel": "Linux"},
+    )
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"fact.password": "x"}, "fact.password"),
+        ({"fact.os.name": "Debian"}, "fact.os.name"),
+        ({"status": "broken"}, "status"),
+        ({"state": "asleep"}, "state"),
+        ({"limit": "0"}, None),
+    ],
+)
+def test_a_filter_outside_the_allow_list_or_unknown_is_400(token, connection, alice, params, field):
+    fleet(token)
+    answer = client_for(alice).get(f"/api/connections/puppet/{connection[0].pk}/nodes/", params)
+    if field is None:  # DRF's cursor pagination takes a limit of 0 as its default
+        assert answer.status_code == 200
+        return
+    problem = assert_problem(answer, 400)
+    assert field in json.dumps(problem)
+
+
+def test_another_users_inventory_is_404(token, connection, bob):
+    fleet(token)
+    answer = client_for(bob).get(f"/api/connections/puppet/{connection[0].pk}/nodes/")
+    assert_problem(answer, 404)
+    answer = client_for(bob).post(
+        f"/api/connections/puppet/{connection[0].pk}/preview/", {"scope": {"nodes": ["web-1"]}}, format="json"
+    )
+    assert_problem(answer, 404)
+
+
+def test_the_preview_flags_unknown_stale_deactivated_and_expired_nodes(token, connection, alice):
+    fleet(token)
+    url = f"/api/connections/puppet/{connection[0].pk}/preview/"
+    scope = {"nodes": ["web-1", "new-1", "old-1", "off-1", "ttl-1"]}
+    answer = client_for(alice).post(url, {"scope": scope}, format="json")
+    assert answer.status_code == 200, answer.content
+    shown = answer.json()
+    assert (shown["resolved"], shown["count"], shown["flags"]) == (True, 5, [])
+    assert [(n["certname"], n["state"]) for n in shown["nodes"]] == [
+        ("web-1", "active"),
+        ("new-1", "unknown"),
+        ("old-1", "stale"),
+        ("off-1", "deactivated"),
+        ("ttl-1", "expired"),
+    ]
+    assert (shown["unknown"], shown["stale"], shown["deactivated"], shown["expired"]) == (
+        ["new-1"],
+        ["old-1"],
+        ["off-1"],
+        ["ttl-1"],
+    )
+
+
+def test_the_preview_of_a_pending_run_and_of_a_query(token, connection, alice):
+    fleet(token)
+    run = bridge(token).post("/_puppet/runs", {"scope": {"nodes": ["web-2", "who"]}}, format="json").json()
+    url = f"/api/connections/puppet/{connection[0].pk}/preview/"
+    shown = client_for(alice).post(url, {"run": run["id"]}, format="json").json()
+    assert shown["unknown"] == ["who"]
+    query = client_for(alice).post(url, {"scope": {"query": "nodes[certname] {}"}}, format="json").json()
+    assert (query["resolved"], query["flags"], query["nodes"]) == (False, [RESOLVED_AT_RUN_TIME], [])
+    bad = client_for(alice).post(url, {"scope": {"nodes": ["Bad Name"]}, "x": 1}, format="json")
+    assert_problem(bad, 400)
+
+
+def test_resolve_scope_for_other_code(token, connection):
+    assert resolve_scope(connection[0], {"nodes": ["a", "b", "a"]}) == (["a", "b"], ["no inventory"])
+    fleet(token)
+    assert resolve_scope(connection[0], {"nodes": ["a"]}) == (["a"], [])
+    assert resolve_scope(connection[0], {"query": ["=", "certname", "a"]}) == (None, [RESOLVED_AT_RUN_TIME])
