@@ -284,3 +284,24 @@ def test_resolve_scope_for_other_code(token, connection):
     fleet(token)
     assert resolve_scope(connection[0], {"nodes": ["a"]}) == (["a"], [])
     assert resolve_scope(connection[0], {"query": ["=", "certname", "a"]}) == (None, [RESOLVED_AT_RUN_TIME])
+
+
+def test_the_admin_lists_a_connections_nodes_filtered_by_fact_state_and_status(
+    token, connection, client, alice, bob
+):
+    fleet(token)
+    User = type(alice)
+    User.objects.filter(pk__in=[alice.pk, bob.pk]).update(is_staff=True)
+    client.force_login(alice)
+    url = "/admin/inventory/node/"
+    page = client.get(url)
+    assert page.status_code == 200
+    assert "os.family: Debian (5)" in page.content.decode()  # the fact filter's choices
+    shown = client.get(url, {"fact": "os.family=RedHat"}).content.decode()
+    assert "db-1" in shown and "web-1" not in shown
+    shown = client.get(url, {"state": "stale"}).content.decode()
+    assert "old-1" in shown and "web-1" not in shown
+    shown = client.get(url, {"report_status": "failed"}).content.decode()
+    assert "web-2" in shown and "web-1" not in shown
+    client.force_login(bob)  # staff, but not the connection's owner, without view permissions
+    assert "web-1" not in client.get(url).content.decode()
