@@ -19,6 +19,7 @@ from django.views.decorators.http import require_POST
 
 from pages import graph
 from pages.forms import RunForm
+from pages.previews import scope_previews
 from workflows import engine
 from workflows.dialect.problems import DocumentError
 from workflows.models import (
@@ -232,6 +233,7 @@ def _run_context(request: HttpRequest, run: WorkflowRun) -> dict[str, Any]:
         step.question = document.step(step.name).description if step.kind == "approval" else ""  # type: ignore[attr-defined]
         if step.waiting:  # type: ignore[attr-defined]
             step.evidence = evidence(run, document.step(step.name).after)  # type: ignore[attr-defined]
+            step.previews = scope_previews(run, document, step.name)  # type: ignore[attr-defined]
     shown = {step.name: (step.status, step.duration) for step in steps}  # type: ignore[attr-defined]
     complete = run.status == RunStatus.COMPLETE
     may_cancel = not complete and may(request.user, Action.CANCEL, run.workflow)

@@ -7,6 +7,7 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.test import Client
 
 from inventory.models import Inventory, Node
 from inventory.scope import RESOLVED_AT_RUN_TIME, resolve_scope
@@ -305,3 +306,48 @@ def test_the_admin_lists_a_connections_nodes_filtered_by_fact_state_and_status(
     assert "web-2" in shown and "web-1" not in shown
     client.force_login(bob)  # staff, but not the connection's owner, without view permissions
     assert "web-1" not in client.get(url).content.decode()
+
+
+PREVIEWED = """apiVersion: v1
+parameters:
+  where:
+    default: [web-1]
+steps:
+- name: a
+  image: {noop}
+- name: gate
+  type: approval
+  description: Run Puppet?
+  dependsOn: a
+- name: fixed
+  image: relaysh/puppet-step-run
+  dependsOn: gate
+  spec:
+    connection: !Connection {{type: puppet, name: prod-puppet}}
+    scope: {{nodes: [web-1, new-1, off-1]}}
+- name: computed
+  image: relaysh/puppet-step-run
+  dependsOn: gate
+  spec:
+    connection: !Connection {{type: puppet, name: prod-puppet}}
+    scope: {{nodes: !Parameter where}}
+"""
+
+
+def test_the_approval_shows_each_puppet_run_steps_scope_preview(token, alice):
+    from tests.workflow_helpers import NOOP, make_workflow, waiting_at_gate
+    from workflows import engine
+
+    fleet(token)
+    run = engine.create_run(make_workflow(alice, PREVIEWED.format(noop=NOOP)), {})
+    waiting_at_gate(run)
+    client = Client()
+    client.force_login(alice)
+    page = client.get(f"/app/runs/{run.pk}/").content.decode()
+    fixed = page[page.index('id="preview-fixed"') :]
+    fixed = fixed[: fixed.index("</div>")]
+    assert "3 nodes" in fixed
+    assert "not in the inventory (accepted; maybe new): new-1" in fixed
+    assert "deactivated</span> off-1" in fixed
+    computed = page[page.index('id="preview-computed"') :]
+    assert "its scope is computed when the step starts" in computed[: computed.index("</div>")]
