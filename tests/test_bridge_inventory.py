@@ -206,3 +206,49 @@ def puppetdb_now(puppetdb: PuppetDB) -> str:
     client = Client(puppetdb.url)
     client.query(["=", "certname", str(uuid.uuid4())], "nodes")
     return client.clock.isoformat()
+
+
+BASE_CONFIG = {"RELAY_API_URL": "https://relay.example", "RELAY_CONNECTION_TOKEN": "rlyp_x"}
+
+
+def test_the_allow_list_defaults_with_puppetdb_and_takes_a_list_or_comma_separated_text(tmp_path):
+    from relay_bridge.config import load
+
+    empty = tmp_path / "none.yaml"
+    empty.write_text("{}")
+    assert load(empty, BASE_CONFIG).inventory_facts == ()
+    with_db = {**BASE_CONFIG, "RELAY_PUPPETDB_URL": "http://localhost:8080"}
+    assert load(empty, with_db).inventory_facts == inventory.DEFAULT_FACTS
+    given = load(empty, {**with_db, "RELAY_INVENTORY_FACTS": "os.family, fleet,os.family"})
+    assert given.inventory_facts == ("os.family", "fleet")
+    listed = tmp_path / "listed.yaml"
+    listed.write_text("inventory_facts: [kernel, networking.ip]\ninventory_interval: 0\n")
+    config = load(listed, with_db)
+    assert (config.inventory_facts, config.inventory_interval) == (("kernel", "networking.ip"), 0)
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "message"),
+    [
+        ("inventory_facts: [kernel]\n", "inventory_facts: is for puppetdb_url"),
+        ("puppetdb_url: http://x:8080\ninventory_facts: ['os..family']\n", "is not a dotted fact path"),
+        ("puppetdb_url: http://x:8080\ninventory_facts: {a: 1}\n", "must be a list"),
+        ("puppetdb_url: http://x:8080\ninventory_interval: 5\n", "inventory_interval: must be 0"),
+    ],
+)
+def test_an_invalid_inventory_configuration_exits_2_naming_the_key(tmp_path, yaml_text, message):
+    path = tmp_path / "bridge.yaml"
+    path.write_text("relay_api_url: https://relay.example\nrelay_connection_token: rlyp_x\n" + yaml_text)
+    done = bridge(str(path), "--state-dir", str(tmp_path / "state"), "inventory")
+    assert done.returncode == 2
+    assert message in done.stderr
+
+
+def test_relay_bridge_inventory_without_puppetdb_exits_2(tmp_path):
+    path = tmp_path / "bridge.yaml"
+    path.write_text("relay_api_url: https://relay.example\nrelay_connection_token: rlyp_x\nbackend: ssh\n")
+    done = bridge(str(path), "--state-dir", str(tmp_path / "state"), "inventory")
+    assert (done.returncode, done.stderr.strip()) == (
+        2,
+        "relay-bridge: invalid configuration: puppetdb_url: is not set",
+    )
