@@ -114,7 +114,8 @@ def test_pages_of_a_sync_that_another_replaced_are_409(token):
     start(token)
     answer = bridge(token).put(f"{BASE}/syncs/{old['id']}/nodes", {"nodes": [node("a")]}, format="json")
     assert_problem(answer, 409)
-    assert_problem(bridge(token).post(f"{BASE}/syncs/{old['id']}/done", {"since": "x"}, format="json"), 409)
+    done = {"since": "2026-11-26T10:00:00+00:00"}
+    assert_problem(bridge(token).post(f"{BASE}/syncs/{old['id']}/done", done, format="json"), 409)
     assert not Node.objects.exists()
 
 
@@ -222,15 +223,14 @@ def test_the_nodes_api_filters_by_fact_status_state_and_pages(token, connection,
         ({"fact.os.name": "Debian"}, "fact.os.name"),
         ({"status": "broken"}, "status"),
         ({"state": "asleep"}, "state"),
-        ({"limit": "0"}, None),
+        ({"limit": "0"}, "limit"),
+        ({"limit": "٣"}, "limit"),
+        ({"certname": "a\x00"}, "certname"),
     ],
 )
 def test_a_filter_outside_the_allow_list_or_unknown_is_400(token, connection, alice, params, field):
     fleet(token)
     answer = client_for(alice).get(f"/api/connections/puppet/{connection[0].pk}/nodes/", params)
-    if field is None:  # DRF's cursor pagination takes a limit of 0 as its default
-        assert answer.status_code == 200
-        return
     problem = assert_problem(answer, 400)
     assert field in json.dumps(problem)
 
@@ -351,3 +351,20 @@ def test_the_approval_shows_each_puppet_run_steps_scope_preview(token, alice):
     assert "deactivated</span> off-1" in fixed
     computed = page[page.index('id="preview-computed"') :]
     assert "its scope is computed when the step starts" in computed[: computed.index("</div>")]
+
+
+@pytest.mark.parametrize("since", ["x", "2026-11-26 10:00:00", "2026-13-45T00:00:00Z", None])
+def test_an_end_without_a_time_puppetdb_can_take_is_400_and_the_sync_goes_on(token, since):
+    sync = start(token)
+    answer = bridge(token).post(f"{BASE}/syncs/{sync['id']}/done", {"since": since}, format="json")
+    assert "since" in json.dumps(assert_problem(answer, 400))
+    end(token, sync)
+
+
+def test_a_forged_node_cursor_is_an_invalid_cursor(token, connection, alice):
+    import base64
+
+    fleet(token)
+    cursor = base64.b64encode(b"p=a\x00b").decode()
+    url = f"/api/connections/puppet/{connection[0].pk}/nodes/"
+    assert assert_problem(client_for(alice).get(url, {"cursor": cursor}), 404)["detail"] == "Invalid cursor"

@@ -15,6 +15,7 @@ before it is read); a page or an end for a sync that is no longer the one under 
 import uuid
 
 from django.conf import settings
+from django.utils.dateparse import parse_datetime
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, status
 from rest_framework.request import Request
@@ -28,6 +29,15 @@ from relay.api.exceptions import Conflict as ConflictProblem
 from relay.api.parsers import BoundedJSONParser
 
 SINCE_CHARS = 64
+
+
+def _aware(text: str) -> bool:
+    """An ISO 8601 time with its offset: the bridge asks PuppetDB from it at the next sync."""
+    try:
+        moment = parse_datetime(text)
+    except ValueError:
+        return False
+    return moment is not None and moment.tzinfo is not None
 
 
 class PageParser(BoundedJSONParser):
@@ -110,7 +120,7 @@ class SyncDoneView(BridgeView):
             if isinstance(error, str) and error:
                 inventory.fail_sync(pk, error)
                 return Response({"dropped": 0})
-            if not isinstance(since, str) or not 0 < len(since) <= SINCE_CHARS:
+            if not isinstance(since, str) or not 0 < len(since) <= SINCE_CHARS or not _aware(since):
                 raise exceptions.ValidationError(
                     {"since": ["PuppetDB's time the next sync asks from (ISO 8601), or give an error."]}
                 )

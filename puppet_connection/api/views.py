@@ -2,7 +2,7 @@ from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import exceptions, status
 from rest_framework.decorators import action
-from rest_framework.pagination import CursorPagination
+from rest_framework.pagination import Cursor, CursorPagination
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -17,6 +17,7 @@ from puppet_connection.api.serializers import (
     PuppetConnectionTokenSerializer,
 )
 from puppet_connection.models import PuppetConnection
+from relay.api.params import query_int
 from relay.api.views import TokenHolderViewSet
 
 
@@ -27,6 +28,18 @@ class NodePagination(CursorPagination):
     page_size = 100
     page_size_query_param = "limit"
     max_page_size = 500
+
+    def get_page_size(self, request: Request) -> int:
+        limit = query_int(request, self.page_size_query_param, 0, lowest=1)
+        return min(limit, self.max_page_size) if limit else self.page_size
+
+    def decode_cursor(self, request: Request) -> Cursor | None:
+        # DRF takes the position on trust: a NUL in it would reach PostgreSQL (a 500).
+        cursor = super().decode_cursor(request)
+        if cursor is not None and cursor.position is not None:
+            if len(cursor.position) > 255 or "\x00" in cursor.position:
+                raise exceptions.NotFound(self.invalid_cursor_message)
+        return cursor
 
     def get_paginated_response(self, data: list) -> Response:
         return Response({"nodes": data, "next": self.get_next_link(), "previous": self.get_previous_link()})
