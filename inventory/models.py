@@ -71,6 +71,7 @@ class Inventory(models.Model):
     sync_id = models.UUIDField(null=True, blank=True, editable=False)  # the sync under way
     sync_full = models.BooleanField(default=False)
     sync_started_at = models.DateTimeField(null=True, blank=True)
+    sync_touched_at = models.DateTimeField(null=True, blank=True)  # its last page
     synced_at = models.DateTimeField(null=True, blank=True)  # the last sync that ended well
     full_synced_at = models.DateTimeField(null=True, blank=True)
     sync_requested_at = models.DateTimeField(null=True, blank=True)  # "sync now", not yet done
@@ -97,14 +98,23 @@ class Inventory(models.Model):
         return self.sync_requested_at is not None or self.synced_at is None
 
     def start_sync(self, fact_paths: list[str]) -> "Inventory":
-        """A new sync, which replaces any under way (a bridge that died mid-sync starts
-        again; the pages of the old one are refused). Full when there was none, when the
+        """A new sync; Conflict while another is under way, unless that one has sent no
+        page for INVENTORY_SYNC_IDLE (its bridge died: it is replaced, and its pages are
+        refused from then on). Full when there was none, when the
         allow-list changed (every node's facts must be sent again, and facts no longer
         named dropped), and once every INVENTORY_FULL_SYNC_EVERY (it also drops the nodes
         PuppetDB purged, which an incremental sync cannot see)."""
         with transaction.atomic():
             inventory = type(self).objects.select_for_update().get(pk=self.pk)
             now = timezone.now()
+            idle = now - timedelta(seconds=settings.INVENTORY_SYNC_IDLE)
+            if inventory.sync_id and inventory.sync_touched_at and inventory.sync_touched_at > idle:
+                # One sync at a time: a `poll --once` that comes while a long full sync is
+                # sent (or a second bridge host) must not start again and undo it.
+                raise Conflict(
+                    f"A sync is under way (its last page at {inventory.sync_touched_at.isoformat()}): "
+                    f"try again once it ends, or after {settings.INVENTORY_SYNC_IDLE} s without a page."
+                )
             old = now - timedelta(seconds=settings.INVENTORY_FULL_SYNC_EVERY)
             inventory.sync_full = (
                 not inventory.since
@@ -114,7 +124,7 @@ class Inventory(models.Model):
             )
             inventory.fact_paths = fact_paths
             inventory.sync_id = uuid.uuid4()
-            inventory.sync_started_at = now
+            inventory.sync_started_at = inventory.sync_touched_at = now
             inventory.last_nodes = 0
             inventory.save()
         return inventory
@@ -139,7 +149,7 @@ class Inventory(models.Model):
                 update_fields=[*Node.SENT, "seen_at"],
             )
             type(self).objects.filter(pk=self.pk, sync_id=inventory.sync_id).update(
-                last_nodes=models.F("last_nodes") + len(rows)
+                last_nodes=models.F("last_nodes") + len(rows), sync_touched_at=now
             )
         return len(rows)
 

@@ -378,6 +378,8 @@ INVENTORY_FACTS_MAX = env.int("INVENTORY_FACTS_MAX", default=50)  # paths in an 
 INVENTORY_FACT_MAX_BYTES = env.int("INVENTORY_FACT_MAX_BYTES", default=4096)  # one fact's value
 # A node whose last report is older is `stale` (PE's console calls it unresponsive after an hour).
 INVENTORY_STALE_AFTER = env.int("INVENTORY_STALE_AFTER", default=3600)
+# A sync that sent no page for this long is taken as dead: another may start.
+INVENTORY_SYNC_IDLE = env.int("INVENTORY_SYNC_IDLE", default=120)
 # A full sync at least this often: it also drops the nodes PuppetDB purged.
 INVENTORY_FULL_SYNC_EVERY = env.int("INVENTORY_FULL_SYNC_EVERY", default=24 * 3600)
 

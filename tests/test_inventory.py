@@ -109,8 +109,19 @@ def test_a_failed_sync_keeps_the_time_so_nothing_is_lost(token, connection):
     assert start(token)["since"] == kept
 
 
-def test_pages_of_a_sync_that_another_replaced_are_409(token):
+def test_a_sync_under_way_refuses_a_second_until_it_has_been_idle(token, connection, settings):
+    first = start(token)
+    page(token, first, [node("a")])
+    problem = assert_problem(bridge(token).post(f"{BASE}/syncs", {"facts": FACTS}, format="json"), 409)
+    assert "A sync is under way" in problem["detail"]
+    end(token, first)  # the first goes on undisturbed
+    assert start(token)["id"] != first["id"]
+
+
+def test_pages_of_a_sync_that_another_replaced_are_409(token, connection, settings):
     old = start(token)
+    idle = datetime.now(UTC) - timedelta(seconds=settings.INVENTORY_SYNC_IDLE + 1)
+    Inventory.objects.filter(connection=connection[0]).update(sync_touched_at=idle)  # its bridge died
     start(token)
     answer = bridge(token).put(f"{BASE}/syncs/{old['id']}/nodes", {"nodes": [node("a")]}, format="json")
     assert_problem(answer, 409)

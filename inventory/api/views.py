@@ -10,7 +10,8 @@ shipped Ruby agent never calls it). With the connection's token, as `/_puppet/ru
                                                 {"error": why} ends it failed (since stays)
 
 A page is at most INVENTORY_PAGE_MAX_NODES nodes and INVENTORY_PAGE_MAX_BYTES bytes (413
-before it is read); a page or an end for a sync that is no longer the one under way is 409."""
+before it is read); a page or an end for a sync that is no longer the one under way is 409,
+and so is a start while another sync is under way (INVENTORY_SYNC_IDLE)."""
 
 import uuid
 
@@ -80,7 +81,10 @@ class SyncsView(BridgeView):
             paths = check_fact_paths(body.get("facts"))
         except PageError as exc:
             raise exceptions.ValidationError({"facts": [str(exc)]}) from None
-        inventory = self.inventory(request).start_sync(paths)
+        try:
+            inventory = self.inventory(request).start_sync(paths)
+        except Conflict as exc:
+            raise ConflictProblem(str(exc)) from None
         return Response(
             {
                 "id": str(inventory.sync_id),

@@ -66,7 +66,13 @@ def sync_inventory(config: Config, backend: Backend) -> inventory.Synced | None:
     puppetdb = connect(config)
     try:
         return inventory.sync(client, puppetdb, config.inventory_facts)
-    except (inventory.InventoryError, ApiError) as exc:
+    except ApiError as exc:
+        if exc.status == 409:  # another sync of this connection is under way: it sends ours
+            logger.info("inventory sync skipped", extra={"fields": {"reason": str(exc)}})
+        else:
+            logger.error("inventory sync failed", extra={"fields": {"error": str(exc)}})
+        return None
+    except inventory.InventoryError as exc:
         logger.error("inventory sync failed", extra={"fields": {"error": str(exc)}})
         return None
     finally:
