@@ -4,8 +4,10 @@ connection's nodes to the live service over `/_puppet/inventory`, full then incr
 with only the allow-list's facts. PuppetDB holds every test's nodes; each test names its
 own by a prefix and looks only at those."""
 
+import signal
 import subprocess
 import uuid
+from pathlib import Path
 
 import pytest
 import requests
@@ -18,7 +20,7 @@ from relay_bridge.puppetdb import PuppetDB as Client
 from inventory.models import Inventory, Node
 from puppet_connection.models import PuppetConnection
 from tests.bao import free_port
-from tests.bridge_helpers import RELAY_BRIDGE, Service
+from tests.bridge_helpers import RELAY_BRIDGE, Service, relay_bridge, wait_for
 from tests.puppetdb import PuppetDB
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -252,3 +254,17 @@ def test_relay_bridge_inventory_without_puppetdb_exits_2(tmp_path):
         2,
         "relay-bridge: invalid configuration: puppetdb_url: is not set",
     )
+
+
+def test_serve_syncs_at_start_and_stops_cleanly(oss, puppetdb: PuppetDB, tmp_path):
+    puppetdb.replace_facts("invg-0", facts("invg-0"))
+    path = config(tmp_path, oss, puppetdb.url, inventory_interval=3600)
+    server = relay_bridge(Path(path), "serve", "--wait", "2", log=tmp_path / "bridge.log")
+    log = tmp_path / "bridge.log"
+    try:
+        wait_for(lambda: "inventory synced" in log.read_text(), 60, "a sync at serve's start")
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(15) == 0
+    assert "invg-0" in ours("invg")
+    assert Inventory.objects.get().sync_id is None  # ended, not left half way
