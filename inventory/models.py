@@ -7,13 +7,15 @@ is started, fed pages of nodes, and ended (inventory.api.views); `since` is Pupp
 time the next incremental sync asks from, and moves only when a sync ends well, so a sync
 that fails half way loses nothing: the next one asks again from the same time."""
 
+import hashlib
+import json
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import models, transaction
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from puppet_connection.models import PuppetConnection
@@ -239,3 +241,55 @@ class Node(models.Model):
             "expired_at": when(self.expired_at),
             "facts": self.facts,
         }
+
+
+class PreviewQuery(models.Model):
+    """A `query` scope a preview asked about: the service has no PuppetDB, so the bridge
+    resolves it at its next check (GET /_puppet/inventory lists the ones waiting) and
+    answers its certnames, or PuppetDB's error. An answer is used for INVENTORY_QUERY_FRESH
+    seconds; an older one is asked again."""
+
+    connection = models.ForeignKey(PuppetConnection, on_delete=models.CASCADE, related_name="preview_queries")
+    key = models.CharField(max_length=64)  # sha256 of the query's canonical JSON
+    query = models.JSONField()
+    asked_at = models.DateTimeField()
+    answered_at = models.DateTimeField(null=True, blank=True)
+    certnames = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["connection", "key"], name="unique_preview_query")]
+
+    def __str__(self) -> str:
+        return f"preview query {self.key[:12]}"
+
+    @staticmethod
+    def key_of(query: Any) -> str:
+        return hashlib.sha256(json.dumps(query, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+    @property
+    def fresh(self) -> bool:
+        old = timezone.now() - timedelta(seconds=settings.INVENTORY_QUERY_FRESH)
+        return self.answered_at is not None and self.answered_at >= old
+
+    @classmethod
+    def ask(cls, connection: PuppetConnection, query: Any) -> "PreviewQuery":
+        """The query's row; asked (again) unless it has a fresh answer or is waiting for one."""
+        row, created = cls.objects.get_or_create(
+            connection=connection,
+            key=cls.key_of(query),
+            defaults={"query": query, "asked_at": timezone.now()},
+        )
+        if not created and row.answered_at is not None and not row.fresh:
+            cls.objects.filter(pk=row.pk).update(asked_at=timezone.now(), answered_at=None)
+            row.refresh_from_db()
+        return row
+
+    @classmethod
+    def waiting(cls, connection: PuppetConnection) -> QuerySet["PreviewQuery"]:
+        return cls.objects.filter(connection=connection, answered_at__isnull=True).order_by("asked_at")
+
+    def answer(self, certnames: list[str] | None, error: str) -> None:
+        type(self).objects.filter(pk=self.pk, answered_at__isnull=True).update(
+            answered_at=timezone.now(), certnames=certnames, error=error[:2000]
+        )

@@ -380,6 +380,9 @@ INVENTORY_FACT_MAX_BYTES = env.int("INVENTORY_FACT_MAX_BYTES", default=4096)  # 
 INVENTORY_STALE_AFTER = env.int("INVENTORY_STALE_AFTER", default=3600)
 # A sync that sent no page for this long is taken as dead: another may start.
 INVENTORY_SYNC_IDLE = env.int("INVENTORY_SYNC_IDLE", default=120)
+# A query scope's preview: the bridge's answer is used this long, then asked again.
+INVENTORY_QUERY_FRESH = env.int("INVENTORY_QUERY_FRESH", default=300)
+INVENTORY_QUERIES_WAITING = 20  # listed to the bridge at a time
 # A full sync at least this often: it also drops the nodes PuppetDB purged.
 INVENTORY_FULL_SYNC_EVERY = env.int("INVENTORY_FULL_SYNC_EVERY", default=24 * 3600)
 

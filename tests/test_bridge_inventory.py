@@ -268,3 +268,22 @@ def test_serve_syncs_at_start_and_stops_cleanly(oss, puppetdb: PuppetDB, tmp_pat
         assert server.wait(15) == 0
     assert "invg-0" in ours("invg")
     assert Inventory.objects.get().sync_id is None  # ended, not left half way
+
+
+def test_a_query_preview_is_resolved_by_the_bridge_through_puppetdb(oss, puppetdb: PuppetDB, tmp_path):
+    from inventory.scope import ASKED, preview
+
+    for n, family in enumerate(["Debian", "RedHat", "Debian"]):
+        puppetdb.replace_facts(f"invh-{n}", {**facts(f"invh-{n}", family), "fleet": "invh"})
+    connection = PuppetConnection.objects.get()
+    query = {"query": 'inventory[certname] { facts.fleet = "invh" and facts.os.family = "Debian" }'}
+    bad = {"query": "inventory[certname] { facts.fleet = }"}
+    assert preview(connection, query)["flags"] == [ASKED]
+    assert preview(connection, bad)["flags"] == [ASKED]
+    done = bridge(config(tmp_path, oss, puppetdb.url), "inventory")
+    assert done.returncode == 0, done.stderr
+    shown = preview(connection, query)
+    assert (shown["resolved"], [n["certname"] for n in shown["nodes"]]) == (True, ["invh-0", "invh-2"])
+    assert shown["unknown"] == []  # the same sync sent them
+    refused = preview(connection, bad)
+    assert refused["flags"][0].startswith("PuppetDB could not resolve it: PuppetDB refused the query (400)")

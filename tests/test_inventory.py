@@ -10,7 +10,7 @@ import pytest
 from django.test import Client
 
 from inventory.models import Inventory, Node
-from inventory.scope import RESOLVED_AT_RUN_TIME, resolve_scope
+from inventory.scope import ASKED, RESOLVED_AT_RUN_TIME, resolve_scope
 from tests.conftest import bridge, client_for
 from tests.test_connection_api import assert_problem
 
@@ -286,7 +286,7 @@ def test_the_preview_of_a_pending_run_and_of_a_query(token, connection, alice):
     shown = client_for(alice).post(url, {"run": run["id"]}, format="json").json()
     assert shown["unknown"] == ["who"]
     query = client_for(alice).post(url, {"scope": {"query": "nodes[certname] {}"}}, format="json").json()
-    assert (query["resolved"], query["flags"], query["nodes"]) == (False, [RESOLVED_AT_RUN_TIME], [])
+    assert (query["resolved"], query["flags"], query["nodes"]) == (False, [ASKED], [])
     bad = client_for(alice).post(url, {"scope": {"nodes": ["Bad Name"]}, "x": 1}, format="json")
     assert_problem(bad, 400)
 
@@ -379,3 +379,51 @@ def test_a_forged_node_cursor_is_an_invalid_cursor(token, connection, alice):
     cursor = base64.b64encode(b"p=a\x00b").decode()
     url = f"/api/connections/puppet/{connection[0].pk}/nodes/"
     assert assert_problem(client_for(alice).get(url, {"cursor": cursor}), 404)["detail"] == "Invalid cursor"
+
+
+def test_a_query_preview_is_asked_of_the_bridge_and_shown_once_it_answers(token, connection, alice):
+    fleet(token)
+    url = f"/api/connections/puppet/{connection[0].pk}/preview/"
+    ask = {"scope": {"query": ["=", ["fact", "kernel"], "Linux"]}}
+    first = client_for(alice).post(url, ask, format="json").json()
+    assert (first["resolved"], first["flags"]) == (False, [ASKED])
+    client_for(alice).post(url, ask, format="json")  # asked once, not twice
+    listed = bridge(token).get(BASE).json()["queries"]
+    assert [q["query"] for q in listed] == [ask["scope"]["query"]]
+
+    answers = [
+        {"key": listed[0]["key"], "certnames": ["web-1", "off-1", "new-9"]},
+        {"key": "nobody", "error": "x"},
+    ]
+    assert bridge(token).post(f"{BASE}/queries", {"answers": answers}, format="json").json() == {"taken": 1}
+    assert bridge(token).get(BASE).json()["queries"] == []
+    shown = client_for(alice).post(url, ask, format="json").json()
+    assert (shown["resolved"], shown["count"], shown["unknown"], shown["deactivated"]) == (
+        True,
+        3,
+        ["new-9"],
+        ["off-1"],
+    )
+    assert shown["flags"][0].startswith("resolved by the bridge through PuppetDB at ")
+    names, _ = resolve_scope(connection[0], ask["scope"])
+    assert names == ["web-1", "off-1", "new-9"]
+
+
+def test_a_query_puppetdb_refused_shows_its_message(token, connection, alice):
+    url = f"/api/connections/puppet/{connection[0].pk}/preview/"
+    ask = {"scope": {"query": "nodes[certname] { nonsense"}}
+    client_for(alice).post(url, ask, format="json")
+    key = bridge(token).get(BASE).json()["queries"][0]["key"]
+    error = "PuppetDB refused the query (400): PQL parse error at line 1"
+    bridge(token).post(f"{BASE}/queries", {"answers": [{"key": key, "error": error}]}, format="json")
+    shown = client_for(alice).post(url, ask, format="json").json()
+    assert shown["resolved"] is False
+    assert shown["flags"] == [f"PuppetDB could not resolve it: {error}"]
+
+
+@pytest.mark.parametrize(
+    "answers",
+    [None, "x", [{"key": "k"}], [{"key": "k", "certnames": ["Bad Name"]}], [{"key": 1, "certnames": []}]],
+)
+def test_bad_query_answers_are_400(token, answers):
+    assert_problem(bridge(token).post(f"{BASE}/queries", {"answers": answers}, format="json"), 400)

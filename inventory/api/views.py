@@ -1,8 +1,10 @@
 """`/_puppet/inventory`: the bridge's extension for sending its PuppetDB's inventory (the
 shipped Ruby agent never calls it). With the connection's token, as `/_puppet/runs`.
 
-  GET  /_puppet/inventory                       whether a sync is due (asked on demand), and
-                                                where the last one stands
+  GET  /_puppet/inventory                       whether a sync is due (asked on demand), where
+                                                the last one stands, and the preview queries
+                                                waiting for the bridge: [{key, query}]
+  POST /_puppet/inventory/queries               their answers: [{key, certnames} | {key, error}]
   POST /_puppet/inventory/syncs                 start one: {"facts": [allow-list]} ->
                                                 {"id", "since", "full", page limits}
   PUT  /_puppet/inventory/syncs/{id}/nodes      one page: {"nodes": [...]} -> {"stored", "refused"}
@@ -23,8 +25,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from inventory.models import Conflict, Inventory
-from inventory.sync import PageError, check_fact_paths, check_page
+from inventory.models import Conflict, Inventory, PreviewQuery
+from inventory.sync import CERTNAME, PageError, check_fact_paths, check_page
 from puppet_connection.api.authentication import ConnectionTokenAuthentication, IsConnection
 from relay.api.exceptions import Conflict as ConflictProblem
 from relay.api.parsers import BoundedJSONParser
@@ -68,7 +70,40 @@ def _status(inventory: Inventory) -> dict:
 class InventoryView(BridgeView):
     @extend_schema(request=None, responses={200: dict})
     def get(self, request: Request) -> Response:
-        return Response(_status(self.inventory(request)))
+        waiting = PreviewQuery.waiting(request.auth)[: settings.INVENTORY_QUERIES_WAITING]
+        queries = [{"key": q.key, "query": q.query} for q in waiting]
+        return Response({**_status(self.inventory(request)), "queries": queries})
+
+
+class QueriesView(BridgeView):
+    """The bridge's answers to the preview queries it was listed: `{"answers": [{"key",
+    "certnames": [...]} or {"key", "error": "PuppetDB's message"}]}`. Unknown keys are ignored."""
+
+    @extend_schema(request=dict, responses={200: dict})
+    def post(self, request: Request) -> Response:
+        body = request.data if isinstance(request.data, dict) else {}
+        answers = body.get("answers")
+        if not isinstance(answers, list) or len(answers) > settings.INVENTORY_QUERIES_WAITING:
+            raise exceptions.ValidationError(
+                {"answers": [f"A list of at most {settings.INVENTORY_QUERIES_WAITING} answers."]}
+            )
+        taken = 0
+        for answer in answers:
+            key = answer.get("key") if isinstance(answer, dict) else None
+            certnames, error = (
+                (answer.get("certnames"), answer.get("error")) if isinstance(answer, dict) else (0, 0)
+            )
+            names_ok = isinstance(certnames, list) and len(certnames) <= settings.RUN_MAX_NODES
+            names_ok = names_ok and all(isinstance(n, str) and CERTNAME.match(n) for n in certnames)
+            if not isinstance(key, str) or not (names_ok or (isinstance(error, str) and error)):
+                raise exceptions.ValidationError(
+                    {"answers": ["Each answer: {key, certnames: [certnames]} or {key, error: text}."]}
+                )
+            row = PreviewQuery.waiting(request.auth).filter(key=key).first()
+            if row is not None:
+                row.answer(certnames if names_ok else None, "" if names_ok else error)
+                taken += 1
+        return Response({"taken": taken})
 
 
 class SyncsView(BridgeView):

@@ -210,6 +210,9 @@ class RelayClient:
         body = {"error": error} if error else {"since": since}
         return self._call("POST", f"{_sync_path(sync_id)}/done", body)
 
+    def inventory_answers(self, answers: list[dict[str, Any]]) -> dict[str, Any]:
+        return self._call("POST", "inventory/queries", {"answers": answers})
+
 
 def _sync_path(sync_id: str) -> str:
     if not trust.run_id_ok(sync_id):

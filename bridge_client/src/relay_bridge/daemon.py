@@ -65,7 +65,9 @@ def sync_inventory(config: Config, backend: Backend) -> inventory.Synced | None:
     client = client_for(config, backend)
     puppetdb = connect(config)
     try:
-        return inventory.sync(client, puppetdb, config.inventory_facts)
+        done = inventory.sync(client, puppetdb, config.inventory_facts)
+        inventory.answer_queries(client, puppetdb, client.inventory_status())
+        return done
     except ApiError as exc:
         if exc.status == 409:  # another sync of this connection is under way: it sends ours
             logger.info("inventory sync skipped", extra={"fields": {"reason": str(exc)}})

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from relay_bridge import trust
 from relay_bridge.api import RelayClient
 from relay_bridge.logs import logger
 from relay_bridge.puppetdb import PuppetDB, PuppetDBError
@@ -190,9 +191,32 @@ def _within(nodes: list[dict[str, Any]], limit: int) -> Iterator[list[dict[str, 
     yield from _within(nodes[half:], limit)
 
 
+def answer_queries(client: RelayClient, puppetdb: PuppetDB, status: dict[str, Any]) -> int:
+    """Resolve the preview queries the service lists (`status` is its GET /_puppet/inventory
+    answer) through PuppetDB, as a run's query scope is (relay_bridge.backends.query), and
+    send the certnames, or PuppetDB's message. Returns how many were answered."""
+    answers = []
+    for asked in status.get("queries") or []:
+        if not isinstance(asked, dict) or not isinstance(asked.get("key"), str):
+            continue
+        try:
+            names = puppetdb.certnames(asked.get("query"))
+            bad = [n for n in names if not trust.certname_ok(n)]
+            if bad:
+                raise PuppetDBError(f"PuppetDB returned what is no certname: {trust.shown(bad[0])}")
+            answers.append({"key": asked["key"], "certnames": names})
+        except PuppetDBError as exc:
+            answers.append({"key": asked["key"], "error": str(exc) or "PuppetDB failed"})
+    if answers:
+        client.inventory_answers(answers)
+        logger.info("preview queries answered", extra={"fields": {"queries": len(answers)}})
+    return len(answers)
+
+
 class Timer:
     """`serve`'s inventory: a sync at start, then whenever the service asks for one (it is
-    asked every CHECK seconds) or `interval` seconds have passed."""
+    asked every CHECK seconds, and answered the preview queries it lists) or `interval`
+    seconds have passed."""
 
     CHECK = 60.0
 
@@ -205,9 +229,9 @@ class Timer:
     def tick(self) -> None:
         """Sync if due. Errors are logged: the next tick tries again."""
         try:
-            due = time.monotonic() - self.last >= self.interval or bool(
-                self.client.inventory_status().get("due")
-            )
+            status = self.client.inventory_status()
+            answer_queries(self.client, self.puppetdb, status)
+            due = time.monotonic() - self.last >= self.interval or bool(status.get("due"))
             if due:
                 sync(self.client, self.puppetdb, self.facts)
                 self.last = time.monotonic()
