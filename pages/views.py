@@ -21,6 +21,7 @@ from django.views.decorators.http import require_POST
 
 from pages import graph, setup, versions
 from pages.forms import RunForm
+from pages.previews import scope_previews
 from workflows import engine
 from workflows.admin import puppet_run_of, what_would_change
 from workflows.dialect.problems import DocumentError
@@ -246,6 +247,7 @@ def _run_context(run: WorkflowRun, version: str, may_approve: bool, may_cancel: 
         step.question = document.step(step.name).description if step.kind == "approval" else ""  # type: ignore[attr-defined]
         if step.waiting:  # type: ignore[attr-defined]
             step.evidence = evidence(run, document.step(step.name).after)  # type: ignore[attr-defined]
+            step.previews = scope_previews(run, document, step.name)  # type: ignore[attr-defined]
     # A puppet-run step that rolls out publishes its progress (batch k of n) while it waits.
     rolling = dict(
         StepRun.objects.filter(

@@ -85,6 +85,7 @@ INSTALLED_APPS = [
     "connections",
     "puppet_connection",
     "runs",
+    "inventory",
     "triggers",
     "workflows",
     "stepruntime",
@@ -387,6 +388,22 @@ PAGES_LIVE_MAX_WAITERS = env.int("PAGES_LIVE_MAX_WAITERS", default=2000)
 PAGES_LIVE_TICKET_AGE = env.int("PAGES_LIVE_TICKET_AGE", default=300)
 # Largest JSON request body any API view parses; larger is a 413 before it is read.
 API_MAX_BODY_BYTES = env.int("API_MAX_BODY_BYTES", default=2 * 1024 * 1024)
+
+# The fleet inventory a bridge sends from PuppetDB (/_puppet/inventory). Sizes in bytes, times
+# in seconds. A page over either bound is refused (413, 400): the bridge sends smaller ones.
+INVENTORY_PAGE_MAX_BYTES = env.int("INVENTORY_PAGE_MAX_BYTES", default=2 * 1024 * 1024)
+INVENTORY_PAGE_MAX_NODES = env.int("INVENTORY_PAGE_MAX_NODES", default=1000)
+INVENTORY_FACTS_MAX = env.int("INVENTORY_FACTS_MAX", default=50)  # paths in an allow-list
+INVENTORY_FACT_MAX_BYTES = env.int("INVENTORY_FACT_MAX_BYTES", default=4096)  # one fact's value
+# A node whose last report is older is `stale` (PE's console calls it unresponsive after an hour).
+INVENTORY_STALE_AFTER = env.int("INVENTORY_STALE_AFTER", default=3600)
+# A sync that sent no page for this long is taken as dead: another may start.
+INVENTORY_SYNC_IDLE = env.int("INVENTORY_SYNC_IDLE", default=120)
+# A query scope's preview: the bridge's answer is used this long, then asked again.
+INVENTORY_QUERY_FRESH = env.int("INVENTORY_QUERY_FRESH", default=300)
+INVENTORY_QUERIES_WAITING = 20  # listed to the bridge at a time
+# A full sync at least this often: it also drops the nodes PuppetDB purged.
+INVENTORY_FULL_SYNC_EVERY = env.int("INVENTORY_FULL_SYNC_EVERY", default=24 * 3600)
 
 # Push triggers (/api/events). Sizes in bytes.
 EVENTS_MAX_BODY_BYTES = env.int("EVENTS_MAX_BODY_BYTES", default=32 * 1024 * 1024)

@@ -16,6 +16,7 @@ urlpatterns = [
     path("api/", include("triggers.api.urls")),
     path("api/", include("workflows.api.urls")),
     path("_puppet/", include("runs.api.urls")),
+    path("_puppet/", include("inventory.api.urls")),
     path("healthz", healthz, name="healthz"),
     # The workflow and run pages (the step runtime API below has /workflows/ of its own).
     path("app/", include("pages.urls")),

@@ -2,7 +2,8 @@
 ordinary run that any bridge works unchanged, the shipped Ruby agent included.
 
 - `nodes_of` is where a scope becomes the rollout's nodes: a `nodes` scope as it is; a
-  `query` through the node inventory (`resolve_query`, the one call to wire to it);
+  `query` as the connection's bridge resolved it through PuppetDB (`resolve_query`, through
+  inventory.scope);
 - `plan` turns the rollout section's numbers and percentages into counts;
 - `advance` moves a rollout on: a batch whose run ended is recorded (the rollout pauses, or
   stops, or is done), and a pause that is over starts the next batch. Called by the task that
@@ -19,6 +20,8 @@ from typing import Any
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
+from inventory.models import PreviewQuery
+from inventory.scope import QUERY_FAILED, resolve_scope
 from puppet_connection.models import PuppetConnection
 from relay import dispatch
 from runs import results
@@ -50,13 +53,21 @@ def nodes_of(connection: PuppetConnection, scope: dict[str, Any]) -> "list[str] 
 
 
 def resolve_query(connection: PuppetConnection, query: Any) -> "list[str] | NotResolvable":
-    """A PuppetDB query's certnames, from the connection's node inventory (issue 21 §3).
-    The inventory is not wired here yet, so a query scope is not resolvable: its rollout is a
-    400 that says so, and a query without a rollout runs as before (the bridge resolves it)."""
+    """A PuppetDB query's certnames, as the connection's bridge last resolved it for a
+    preview (inventory.scope: fresh for INVENTORY_QUERY_FRESH seconds). Without a fresh
+    answer the bridge is asked (it answers at its next check) and the rollout is refused
+    until then, saying so: the service cannot read PuppetDB itself."""
+    certnames, flags = resolve_scope(connection, {"query": query})
+    if certnames is not None:
+        return certnames
+    if flags and flags[0].startswith(QUERY_FAILED):
+        return NotResolvable(f"The query could not be resolved to nodes: {flags[0]}.")
+    PreviewQuery.ask(connection, query)
     return NotResolvable(
-        "A rollout of a `query` scope needs the query resolved to nodes before it starts, "
-        "through the connection's node inventory, which this service does not have yet: "
-        "give the nodes (`scope: {nodes: [...]}`), or run the query without a rollout."
+        "A rollout of a `query` scope starts from the nodes the query names, which only the "
+        "connection's bridge can ask PuppetDB for: it has been asked, and answers at its next "
+        "check (POST /api/connections/puppet/{id}/preview/ with the scope shows when it has). "
+        "Start the rollout again then, or give the nodes (`scope: {nodes: [...]}`)."
     )
 
 

@@ -301,15 +301,34 @@ def test_a_bad_rollout_is_a_400_that_points_at_it(token, rollout, pointer, detai
     assert Run.objects.count() == 0
 
 
-def test_a_rollout_of_a_query_scope_is_refused_until_the_inventory_resolves_it(connection):
+def test_a_rollout_of_a_query_scope_starts_from_the_nodes_the_bridge_resolved_it_to(connection):
     conn, token = connection
     PuppetConnection.objects.filter(pk=conn.pk).update(platform="oss", backend="ssh", puppetdb=True)
     body = {"scope": {"query": 'inventory[certname] { facts.os.family = "Debian" }'}}
     assert create_run(token, body)["scope"] == body["scope"]  # without a rollout: the bridge resolves it
+    # Before the bridge has resolved it: refused, saying the bridge has been asked.
     response = bridge(token).post(RUNS, {**body, "rollout": {"batch": 2}}, format="json")
     [error] = assert_problem(response, 400)["errors"]
-    assert error["pointer"] == "#/scope" and "node inventory" in error["detail"]
+    assert error["pointer"] == "#/scope" and "it has been asked" in error["detail"]
     assert Run.objects.count() == 1
+    # The bridge finds the query among those waiting and answers it (its inventory check).
+    [asked] = bridge(token).get("/_puppet/inventory").json()["queries"]
+    answers = [{"key": asked["key"], "certnames": ["db-1", "db-2", "db-3"]}]
+    taken = bridge(token).post("/_puppet/inventory/queries", {"answers": answers}, format="json")
+    assert taken.json() == {"taken": 1}
+    started = bridge(token).post(RUNS, {**body, "rollout": {"batch": 2}}, format="json")
+    assert started.status_code == 201, started.content
+    rollout = Rollout.objects.get(run_id=started.json()["id"])
+    assert rollout.nodes == ["db-1", "db-2", "db-3"]
+    # PuppetDB refusing the query: the reason, not a wait.
+    other = {"scope": {"query": "nodes[certname] { bad"}}
+    bridge(token).post(RUNS, {**other, "rollout": {"batch": 2}}, format="json")
+    [asked] = bridge(token).get("/_puppet/inventory").json()["queries"]
+    failed = [{"key": asked["key"], "error": "PQL parse error at line 1"}]
+    bridge(token).post("/_puppet/inventory/queries", {"answers": failed}, format="json")
+    refused = bridge(token).post(RUNS, {**other, "rollout": {"batch": 2}}, format="json")
+    [error] = assert_problem(refused, 400)["errors"]
+    assert "PQL parse error at line 1" in error["detail"]
 
 
 def test_only_runs_with_a_node_list_take_a_rollout(connection):

@@ -14,7 +14,16 @@ from pathlib import Path
 from workflows.steps import registry
 
 ROOT = Path(__file__).resolve().parent.parent
-APPS = ("connections", "puppet_connection", "runs", "triggers", "workflows", "stepruntime", "scriptsteps")
+APPS = (
+    "connections",
+    "puppet_connection",
+    "runs",
+    "inventory",
+    "triggers",
+    "workflows",
+    "stepruntime",
+    "scriptsteps",
+)
 PACKAGES = ("relay", *APPS)
 # The project's entry points, which put the apps together (the ASGI application serves the
 # runs' long-poll on the loop): above every app, not part of the shared base below them.

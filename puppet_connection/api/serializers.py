@@ -3,7 +3,9 @@ from typing import Any
 from rest_framework import serializers
 
 from puppet_connection.models import PuppetConnection, settings_error
-from relay.api.serializers import TokenField, TokenHolderSerializer
+from relay.api.serializers import RejectUnknownFields, TokenField, TokenHolderSerializer
+from runs.api.serializers import ScopeSerializer
+from runs.models import Run
 
 
 class PuppetConnectionSerializer(TokenHolderSerializer):
@@ -66,3 +68,22 @@ class PuppetConnectionTokenSerializer(PuppetConnectionSerializer):
 
     class Meta(PuppetConnectionSerializer.Meta):
         fields = [*PuppetConnectionSerializer.Meta.fields, "token"]
+
+
+class PreviewSerializer(RejectUnknownFields, serializers.Serializer):
+    """What to preview: a `scope` as a run takes it, or a `run` of this connection (its scope)."""
+
+    scope = ScopeSerializer(required=False)
+    run = serializers.UUIDField(required=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if len(attrs) != 1:
+            raise serializers.ValidationError("Give a scope or a run, not both or neither.", "invalid")
+        if "run" in attrs:
+            run = Run.objects.filter(connection=self.context["connection"], pk=attrs["run"]).first()
+            if run is None:
+                raise serializers.ValidationError({"run": ["No such run for this connection."]}, "invalid")
+            if not run.scope:
+                raise serializers.ValidationError({"run": ["This run has no scope."]}, "invalid")
+            return {"scope": run.scope}
+        return attrs

@@ -1,4 +1,5 @@
-"""The one place that talks to the Relay service's `/_puppet/runs` API.
+"""The one place that talks to the Relay service's `/_puppet/runs` API (and the bridge's
+`/_puppet/inventory` extension).
 
 Every call carries the connection token (Bearer), and X-Relay-Platform / X-Relay-Backend so
 the service knows what this bridge can run. Network errors and 5xx answers are retried with
@@ -188,6 +189,35 @@ class RelayClient:
     ) -> dict[str, Any]:
         body = {**state, "lease_id": lease_id} if lease_id else state
         return self._call("PUT", f"{_run_path(run_id)}/state", body, timeout=timeout, attempts=attempts)
+
+    # The inventory extension (relay_bridge.inventory): `/_puppet/inventory`.
+
+    def inventory_status(self) -> dict[str, Any]:
+        return self._call("GET", "inventory", attempts=2)
+
+    def inventory_start(self, facts: list[str]) -> dict[str, Any]:
+        answer = self._call("POST", "inventory/syncs", {"facts": facts})
+        if not trust.run_id_ok(answer.get("id")):
+            raise ApiError(0, None, "POST inventory/syncs: the answer has no sync id")
+        return answer
+
+    def inventory_page(self, sync_id: str, nodes: list[dict[str, Any]]) -> dict[str, Any]:
+        return self._call("PUT", f"{_sync_path(sync_id)}/nodes", {"nodes": nodes})
+
+    def inventory_end(
+        self, sync_id: str, since: str | None = None, error: str | None = None
+    ) -> dict[str, Any]:
+        body = {"error": error} if error else {"since": since}
+        return self._call("POST", f"{_sync_path(sync_id)}/done", body)
+
+    def inventory_answers(self, answers: list[dict[str, Any]]) -> dict[str, Any]:
+        return self._call("POST", "inventory/queries", {"answers": answers})
+
+
+def _sync_path(sync_id: str) -> str:
+    if not trust.run_id_ok(sync_id):
+        raise ApiError(0, None, f"refusing a sync id that is not a UUID: {trust.shown(sync_id)}")
+    return f"inventory/syncs/{sync_id}"
 
 
 def _run_path(run_id: str) -> str:

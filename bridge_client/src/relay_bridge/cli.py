@@ -3,6 +3,7 @@
   relay-bridge poll --once     list pending runs, fork a daemon per run, exit (systemd timer)
   relay-bridge serve           long-running, long-polls the service (systemd service)
   relay-bridge status          the runs this host holds, and their state
+  relay-bridge inventory       send the node inventory from PuppetDB to the service, now
   relay-bridge systemd-units DIR   write the systemd units for this installation
 
 The options (--config, --state-dir, …) go before or after the command. It runs with umask
@@ -21,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 
 from relay_bridge import __version__, backends, config, logs, state
-from relay_bridge.daemon import Server, install_signal_handlers, poll_once
+from relay_bridge.daemon import Server, install_signal_handlers, poll_once, sync_inventory
 from relay_bridge.state import RunRecord
 
 UNITS = ("relay-bridge.service", "relay-bridge-poll.service", "relay-bridge-poll.timer")
@@ -74,6 +75,8 @@ def parser() -> argparse.ArgumentParser:
     )
 
     serve.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT/metrics")
+
+    add("inventory", help="send the node inventory from PuppetDB (puppetdb_url) to the service, now")
 
     status = add("status", help="print the runs this host holds and their state")
     status.add_argument("--json", action="store_true", help="one JSON document per run")
@@ -149,6 +152,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"relay-bridge: invalid configuration: state_dir: {exc.strerror}", file=sys.stderr)
         return 2
 
+    if args.command == "inventory":
+        if not settings.puppetdb_url:
+            print("relay-bridge: invalid configuration: puppetdb_url: is not set", file=sys.stderr)
+            return 2
+        done = sync_inventory(settings, backend)
+        if done is None:
+            return 1
+        kind = "full" if done.full else "incremental"
+        print(f"{kind} sync: {done.nodes} nodes sent, {len(done.refused)} refused, {done.seconds:.1f} s")
+        return 0
     if args.command == "poll":
         return 0 if poll_once(settings, backend, settings.heartbeat_interval) >= 0 else 1
     server = Server(

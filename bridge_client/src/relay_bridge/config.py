@@ -11,6 +11,7 @@ refused for a key."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,8 @@ from typing import Any
 from urllib.parse import quote, urlparse
 
 import yaml
+
+from relay_bridge.inventory import DEFAULT_FACTS
 
 DEFAULT_PATH = Path("/etc/relay/bridge.yaml")
 # The module's relay.yaml (`${settings::confdir}/relay.yaml`). $RELAY_MODULE_CONFIG moves it
@@ -47,10 +50,16 @@ KNOWN = (
     # Ours: how long to wait for a run's reports to appear in PuppetDB (seconds; 0: the
     # reports are not read from PuppetDB). relay_bridge.backends.evidence.
     "puppetdb_report_wait",
+    # Ours: the node inventory sent from PuppetDB (relay_bridge.inventory): the facts that may
+    # leave the site (dotted paths; default relay_bridge.inventory.DEFAULT_FACTS), and the
+    # seconds between syncs in `serve` (0: only when the service asks, and in `poll --once`).
+    "inventory_facts",
+    "inventory_interval",
 )
 # Keys read from the file only: RELAY_DEBUG or RELAY_TEST in a shell's environment are
 # somebody else's, and a trigger token has no business in the bridge's environment.
 FILE_ONLY = ("relay_trigger_token", "debug", "test")
+FACT_PATH_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*(\.[A-Za-z0-9_][A-Za-z0-9_-]*)*")
 TRUE, FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 
 
@@ -73,6 +82,8 @@ class Config:
     puppetdb_url: str | None = None
     puppetdb_tls: tuple[str | None, str | None, str | None] = (None, None, None)  # cert, key, CA
     puppetdb_report_wait: float = 30.0
+    inventory_facts: tuple[str, ...] = ()  # with puppetdb_url: what leaves the site
+    inventory_interval: float = 300.0
     source: Path | None = None  # the file read, if any
 
     def options(self, backend: str) -> dict[str, Any]:
@@ -218,6 +229,13 @@ def _validate(values: dict[str, Any], source: Path | None = None) -> Config:
         raise ConfigError("puppetdb_report_wait", "must be a number of seconds") from None
     if not 0 <= report_wait <= 3600:
         raise ConfigError("puppetdb_report_wait", "must be from 0 to 3600 seconds")
+    facts = _inventory_facts(values.get("inventory_facts"), puppetdb_url)
+    try:
+        interval = float(values.get("inventory_interval", 300.0))
+    except (TypeError, ValueError):
+        raise ConfigError("inventory_interval", "must be a number of seconds") from None
+    if not (interval == 0 or 10 <= interval <= 86400):
+        raise ConfigError("inventory_interval", "must be 0 (off) or from 10 to 86400 seconds")
 
     return Config(
         relay_api_url=url.rstrip("/") + "/",
@@ -232,7 +250,27 @@ def _validate(values: dict[str, Any], source: Path | None = None) -> Config:
         puppetdb_url=puppetdb_url,
         puppetdb_tls=tls,  # type: ignore[arg-type]
         puppetdb_report_wait=report_wait,
+        inventory_facts=facts,
+        inventory_interval=interval,
     )
+
+
+def _inventory_facts(value: Any, puppetdb_url: str | None) -> tuple[str, ...]:
+    """The allow-list: a YAML list, or comma-separated text (an environment variable)."""
+    if value is None:
+        return DEFAULT_FACTS if puppetdb_url else ()
+    if puppetdb_url is None:
+        raise ConfigError("inventory_facts", "is for puppetdb_url, which is not set")
+    paths = [p.strip() for p in value.split(",")] if isinstance(value, str) else value
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        raise ConfigError("inventory_facts", "must be a list of dotted fact paths, e.g. [os.family, kernel]")
+    paths = [p for p in paths if p]
+    for path in paths:
+        if not FACT_PATH_RE.fullmatch(path):
+            raise ConfigError(
+                "inventory_facts", f"{path[:100]!r} is not a dotted fact path (os.release.full)"
+            )
+    return tuple(dict.fromkeys(paths))
 
 
 def _proxy_url(values: Mapping[str, Any]) -> str | None:

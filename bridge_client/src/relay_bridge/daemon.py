@@ -16,11 +16,12 @@ import threading
 import time
 from typing import Any
 
-from relay_bridge import metrics
+from relay_bridge import inventory, metrics
 from relay_bridge.api import ApiError, RelayClient
 from relay_bridge.backends import Backend
 from relay_bridge.config import Config
 from relay_bridge.logs import logger
+from relay_bridge.puppetdb import connect
 from relay_bridge.state import RunRecord
 from relay_bridge.worker import RunWorker
 
@@ -53,7 +54,32 @@ def poll_once(config: Config, backend: Backend, heartbeat: float) -> int:
     for run in runs:
         forked += _fork_worker(config, backend, run, heartbeat, resume=False)
     logger.info("poll done", extra={"fields": {"pending": len(runs), "forked": forked}})
+    if config.puppetdb_url:
+        sync_inventory(config, backend)  # after the runs: they are not kept waiting on it
     return forked
+
+
+def sync_inventory(config: Config, backend: Backend) -> inventory.Synced | None:
+    """One inventory sync (`poll --once`, `relay-bridge inventory`); None when it failed
+    (logged; the service keeps its time, so the next sync sends what this one did not)."""
+    client = client_for(config, backend)
+    puppetdb = connect(config)
+    try:
+        done = inventory.sync(client, puppetdb, config.inventory_facts)
+        inventory.answer_queries(client, puppetdb, client.inventory_status())
+        return done
+    except ApiError as exc:
+        if exc.status == 409:  # another sync of this connection is under way: it sends ours
+            logger.info("inventory sync skipped", extra={"fields": {"reason": str(exc)}})
+        else:
+            logger.error("inventory sync failed", extra={"fields": {"error": str(exc)}})
+        return None
+    except inventory.InventoryError as exc:
+        logger.error("inventory sync failed", extra={"fields": {"error": str(exc)}})
+        return None
+    finally:
+        puppetdb.close()
+        client.close()
 
 
 def _fork_worker(
@@ -139,6 +165,8 @@ class Server:
         )
         poller = threading.Thread(target=self._poll, name="poller", daemon=True)
         poller.start()
+        if self.config.puppetdb_url:
+            threading.Thread(target=self._inventory, name="inventory", daemon=True).start()
         self.stopping.wait()
         logger.info(
             "stopping: no new runs; finishing the runs held", extra={"fields": {"held": self._held()}}
@@ -194,6 +222,21 @@ class Server:
                 # are listed (ones we are already accepting, or ones refused), or with --wait
                 # 0. Do not spin on it.
                 self.stopping.wait(0.5)
+
+    def _inventory(self) -> None:
+        """Inventory syncs: at start, every inventory_interval seconds, and when the service
+        asks (the timer asks it every minute). A client and a PuppetDB session of its own."""
+        client = client_for(self.config, self.backend)
+        puppetdb = connect(self.config)
+        interval = self.config.inventory_interval or float("inf")
+        timer = inventory.Timer(client, puppetdb, self.config.inventory_facts, interval)
+        try:
+            while not self.stopping.is_set():
+                timer.tick()
+                self.stopping.wait(min(timer.CHECK, interval))
+        finally:
+            puppetdb.close()
+            client.close()
 
     def _resume_held(self) -> None:
         """Runs this host held when a bridge died: their lock is free. Worked like new ones."""

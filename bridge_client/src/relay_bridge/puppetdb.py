@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import subprocess
 from dataclasses import dataclass, field
+from datetime import datetime
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -37,6 +39,7 @@ class PuppetDB:
     timeout: float = 30.0
 
     def __post_init__(self) -> None:
+        self.clock: datetime | None = None
         self.session = requests.Session()
         self.session.trust_env = False  # PuppetDB is on this side of any proxy
         if urlparse(self.url).scheme == "https":
@@ -52,9 +55,10 @@ class PuppetDB:
         **paging: Any,
     ) -> list[dict[str, Any]]:
         """Rows for `query`: PQL text (on /pdb/query/v4), or an AST (a list) on `endpoint`
-        (`nodes`, `inventory`, …; the root when it starts with `from`); `paging`: PuppetDB's
-        `order_by`, `limit`, `offset`. PuppetDBError with PuppetDB's own message when it
-        refuses the query, or cannot be reached."""
+        (`nodes`, `inventory`, …; the root when it starts with `from`); `paging` is PuppetDB's
+        own (`order_by`, `limit`, `offset`). PuppetDBError with PuppetDB's own message when it
+        refuses the query, or cannot be reached. `self.clock` is then PuppetDB's time of the
+        answer (its Date header), for asking later what changed since."""
         path = "/pdb/query/v4" + (f"/{endpoint}" if endpoint else "")
         try:
             answer = self.session.post(
@@ -67,6 +71,10 @@ class PuppetDB:
         if answer.status_code != 200:
             text = answer.text.strip()[:MESSAGE_CHARS] or answer.reason
             raise PuppetDBError(f"PuppetDB refused the query ({answer.status_code}): {text}")
+        try:
+            self.clock = parsedate_to_datetime(answer.headers["Date"])
+        except (KeyError, TypeError, ValueError):
+            self.clock = None
         try:
             rows = answer.json()
         except ValueError:
