@@ -1,5 +1,6 @@
 from django.contrib import admin, messages
 from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
 from django.utils import formats, timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
@@ -37,6 +38,7 @@ class PuppetConnectionAdmin(ConnectionAdmin, TokenHolderAdmin):
         "bridge",
         "bridge_warnings",
         "bridge_configuration",
+        "fleet",
         "created",
         "last_used",
         "token_regenerated_at",
@@ -88,6 +90,31 @@ class PuppetConnectionAdmin(ConnectionAdmin, TokenHolderAdmin):
             "recorded at most once a minute.</p>{}",
             table,
             note,
+        )
+
+    @admin.display(description="Inventory")
+    def fleet(self, obj: PuppetConnection) -> str:
+        """The nodes its bridge sent from PuppetDB (the inventory app keeps them, through the
+        reverse relations `inventory` and `nodes`), with links to them."""
+        if obj.pk is None:
+            return ""
+        inventory = getattr(obj, "inventory", None)
+        if inventory is None or inventory.synced_at is None:
+            error = (
+                f" The last sync failed: {inventory.last_error}" if inventory and inventory.last_error else ""
+            )
+            return format_html(
+                "<p>No inventory yet: a bridge with <code>puppetdb_url</code> sends it from PuppetDB "
+                "(docs/puppetdb.md).{}</p>",
+                error,
+            )
+        nodes = reverse("admin:inventory_node_changelist") + f"?connection__id__exact={obj.pk}"
+        return format_html(
+            '<p><a href="{}">{} nodes</a>, last synced {}{}.</p>',
+            nodes,
+            obj.nodes.count(),
+            formats.localize(timezone.template_localtime(inventory.synced_at)),
+            format_html("; the last sync failed: {}", inventory.last_error) if inventory.last_error else "",
         )
 
     @admin.display(description="Bridge warnings")

@@ -9,9 +9,11 @@ import re
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 from relay_bridge import config
 from relay_bridge.api import RelayClient
 
+from inventory.models import Inventory, Node
 from puppet_connection import setup
 from puppet_connection.models import PuppetConnection
 from relay.tokens import LEAK_RE
@@ -99,3 +101,21 @@ def test_the_shipped_agent_is_named_and_its_silence_on_the_platform_explained(st
     # The API says it too.
     shown = client_for(staff).get(f"/api/connections/puppet/{conn.pk}/").json()
     assert (shown["reported_agent"], shown["reported_platform"]) == ("Ruby", "")
+
+
+def test_the_page_shows_the_inventory_its_bridge_sent_or_that_there_is_none(staff):
+    conn, _ = PuppetConnection.create_with_token(owner=staff, name="prod", backend="ssh", puppetdb=True)
+    assert "No inventory yet: a bridge with <code>puppetdb_url</code>" in page_of(staff, conn)
+    now = timezone.now()
+    Inventory.objects.create(connection=conn, synced_at=now, last_nodes=2)
+    for name in ("web-1", "web-2"):
+        Node.objects.create(connection=conn, certname=name, seen_at=now, report_at=now)
+    page = page_of(staff, conn)
+    assert (
+        f'<a href="/admin/inventory/node/?connection__id__exact={conn.pk}">2 nodes</a>, last synced ' in page
+    )
+    # Its link lists them.
+    client = Client()
+    client.force_login(staff)
+    listed = client.get(f"/admin/inventory/node/?connection__id__exact={conn.pk}").content.decode()
+    assert "web-1" in listed and "web-2" in listed
