@@ -21,7 +21,6 @@ from django.views.decorators.http import require_POST
 
 from pages import graph, setup, versions
 from pages.forms import RunForm
-from pages.previews import scope_previews
 from workflows import engine
 from workflows.admin import puppet_run_of, what_would_change
 from workflows.dialect.problems import DocumentError
@@ -37,6 +36,7 @@ from workflows.models import (
     WorkflowRun,
 )
 from workflows.permissions import Action, may, runs_for, workflows_for
+from workflows.previews import scope_previews
 
 HISTORY = 50  # runs listed on a workflow's page
 

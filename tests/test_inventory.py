@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.test import Client
+from django.urls import reverse
 
 from inventory.models import Inventory, Node
 from inventory.scope import ASKED, RESOLVED_AT_RUN_TIME, resolve_scope
@@ -362,6 +363,13 @@ def test_the_approval_shows_each_puppet_run_steps_scope_preview(token, alice):
     assert "deactivated</span> off-1" in fixed
     computed = page[page.index('id="preview-computed"') :]
     assert "its scope is computed when the step starts" in computed[: computed.index("</div>")]
+    # The admin's approval page shows the same (to its owner, once staff).
+    alice.is_staff = True
+    alice.save()
+    gate = run.steps.get(name="gate")
+    admin_page = client.get(reverse("admin:workflows_approval_change", args=[gate.pk])).content.decode()
+    shown = admin_page[admin_page.index('id="preview-fixed"') :]
+    assert "not in the inventory (accepted; maybe new): new-1" in shown[: shown.index("</div>")]
 
 
 @pytest.mark.parametrize("since", ["x", "2026-11-26 10:00:00", "2026-13-45T00:00:00Z", None])

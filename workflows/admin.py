@@ -18,6 +18,7 @@ from django.contrib.auth import get_user_model
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
+from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import formats, timezone
@@ -43,6 +44,7 @@ from workflows.models import (
     WorkflowSecret,
 )
 from workflows.permissions import Action, is_superuser, may, runs_for, steps_for, workflows_for
+from workflows.previews import scope_previews
 
 
 def puppet_run_of(step: StepRun) -> Run | None:
@@ -570,6 +572,7 @@ class ApprovalAdmin(admin.ModelAdmin):
         "started_at",
         "deadline",
         "evidence",
+        "scope_preview",
         "decision",
         "decided_by",
         "decided_at",
@@ -630,6 +633,15 @@ class ApprovalAdmin(admin.ModelAdmin):
                 for row, shown in ((row, row.shown_outputs) for row in rows)
             ),
         )
+
+    @admin.display(description="nodes it would run on")
+    def scope_preview(self, step: StepRun) -> str:
+        """Each puppet-run step after it: the nodes its scope names, as the connection's
+        inventory knows them (unknown, stale, deactivated, expired), as the run page shows."""
+        previews = scope_previews(step.run, engine.parsed(step.run.revision_id), step.name)
+        if not previews:
+            return "—"
+        return render_to_string("workflows/_scope_preview.html", {"previews": previews})
 
     def render_change_form(
         self, request: HttpRequest, context: dict, *args: Any, **kwargs: Any

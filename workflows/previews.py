@@ -1,9 +1,9 @@
-"""The scope preview on an approval (issue 21 §3): for each `puppet-run` step that waits on
-the approval, which nodes its scope names and which of those the connection's inventory
-does not know, or knows as stale, deactivated or expired (inventory.scope.preview), next
-to the dry run's evidence. Only what the document says as it is written: a connection or
-scope computed from expressions (an output, a parameter) is known when the step starts, and
-the page says so rather than guess."""
+"""The scope preview on an approval, on the run page and the admin's approval page (issue
+21 §3): for each `puppet-run` step that waits on the approval, which nodes its scope names
+and which of those the connection's inventory does not know, or knows as stale, deactivated
+or expired (inventory.scope.preview), next to the dry run's evidence. Only what the document
+says as it is written: a connection or scope computed from expressions (an output, a
+parameter) is known when the step starts, and the page says so rather than guess."""
 
 from typing import Any
 
