@@ -21,7 +21,7 @@ import pytest
 import yaml
 from django.contrib.auth.models import User
 from relay_bridge.api import RelayClient
-from relay_bridge.backends import make
+from relay_bridge.backends import evidence, make
 from relay_bridge.backends.evidence import Evidence
 from relay_bridge.backends.orchestrator import OrchestratorBackend
 from relay_bridge.config import load
@@ -82,6 +82,7 @@ CHANGES = {
         resource("Service", "nginx", event("noop", "ensure", "stopped", "running")),
     ],
     "db": [],
+    "many": [resource("File", f"/etc/many-{i}", event("noop", "ensure", "absent", "file")) for i in range(4)],
     "broken": [
         resource("Exec", "migrate", event("failure", "returns", "notrun", ["0"], "returned 1 instead of 0")),
         resource("Package", "jq", event("skipped", None, None, None, "Skipped: dependency failed")),
@@ -162,6 +163,37 @@ def test_a_pe_noop_run_shows_what_each_node_would_change(pe, relay, puppetdb, tm
     }
     assert (db["changes_pending"], db["resources_total"], db["resources"]) == (False, 0, [])
     assert "report_error" not in web and "report_error" not in db
+
+
+def test_events_are_read_page_by_page_and_a_node_with_too_many_says_so(
+    pe, relay, puppetdb, tmp_path, monkeypatch
+):
+    """PuppetDB's answers stay small (EVENT_PAGE rows), and a node's events read stop at
+    EVENTS_PER_NODE: its evidence then says why it is not there; the others' are whole."""
+    monkeypatch.setattr(evidence, "EVENT_PAGE", 1)
+    monkeypatch.setattr(evidence, "EVENTS_PER_NODE", 3)
+    asked: list[dict] = []
+    query = Client.query
+
+    def counted(self, *args, **kwargs):
+        asked.append(kwargs)
+        return query(self, *args, **kwargs)
+
+    monkeypatch.setattr(Client, "query", counted)
+    nodes = ["pe-paged-web", "pe-paged-many"]
+    pe.on_final = agents_report(puppetdb, "pe-paged-")
+
+    run = work(relay, pe_backend(pe, puppetdb.url), tmp_path, nodes)
+
+    web, many = run.run_results["nodes"]
+    assert (web["changes_pending"], web["resources_total"]) == (True, 2)
+    assert [r["title"] for r in web["resources"]] == ["/etc/motd", "nginx"]
+    assert many["changes_pending"] is None
+    assert many["report_error"] == (
+        "not available: the report has more than 3 changed or failed events; not read"
+    )
+    pages = [kw for kw in asked if kw.get("limit") == 1]
+    assert len(pages) >= 6 and all(kw["offset"] == i for i, kw in enumerate(pages))
 
 
 def test_failures_and_the_reports_status_are_in_the_evidence(pe, relay, puppetdb, tmp_path):

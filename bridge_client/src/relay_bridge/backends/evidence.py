@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,10 @@ from relay_bridge.puppetdb import PuppetDB, PuppetDBError
 POLL_SECONDS = 1.0
 REPORT_BATCH = 100  # transaction uuids or certnames per reports query
 EVENT_BATCH = 10  # reports per events query: a first run can have thousands of events each
+EVENT_PAGE = 5_000  # event rows per answer (about 2 MB): read page by page
+# A node's changed events read at most: past it its evidence says so instead (a first run of a
+# large catalog), so neither PuppetDB's answers nor what is kept grow with the report.
+EVENTS_PER_NODE = 50_000
 UNREACHABLE = 255  # the SSH client's exit code when Puppet never ran
 REPORT_FIELDS = [
     "hash",
@@ -203,6 +208,25 @@ class Reading:
         finally:
             self._done.set()
 
+    def _events(self, match: list[Any]) -> Iterator[dict[str, Any]]:
+        """The events `match` names, EVENT_PAGE rows an answer, in a stable order (offset
+        paging needs one)."""
+        order = [{"field": f} for f in ("report", "timestamp", "resource_type", "resource_title", "property")]
+        offset = 0
+        while True:
+            page = self.puppetdb.query(
+                ["extract", EVENT_FIELDS, match],
+                "events",
+                timeout=self._timeout(),
+                order_by=order,
+                limit=EVENT_PAGE,
+                offset=offset,
+            )
+            yield from page
+            if len(page) < EVENT_PAGE:
+                return
+            offset += EVENT_PAGE
+
     def _timeout(self) -> float:
         return max(1.0, min(self.puppetdb.timeout, self.deadline - time.monotonic() + 1))
 
@@ -228,6 +252,7 @@ class Reading:
                 latest[node] = row
         hashes = {str(row.get("hash")): node for node, row in latest.items()}
         events: dict[str, list[dict[str, Any]]] = {node: [] for node in latest}
+        too_many: set[str] = set()
         ordered = list(hashes)
         for start in range(0, len(ordered), EVENT_BATCH):
             match = [
@@ -235,19 +260,26 @@ class Reading:
                 ["in", "report", ["array", ordered[start : start + EVENT_BATCH]]],
                 ["in", "status", ["array", list(reports.CHANGE_STATUSES)]],
             ]
-            for event in self.puppetdb.query(
-                ["extract", EVENT_FIELDS, match],
-                "events",
-                timeout=self._timeout(),
-                order_by=[{"field": "timestamp"}],
-            ):
+            for event in self._events(match):
                 node = hashes.get(str(event.get("report"))) if isinstance(event, dict) else None
-                if node:
-                    events[node].append(event)
+                if not node or node in too_many:
+                    continue
+                if len(events[node]) >= EVENTS_PER_NODE:
+                    too_many.add(node)
+                    events[node] = []
+                    continue
+                events[node].append(event)
         for node, row in latest.items():
-            try:
-                summary = reports.changes_of(reports.from_puppetdb(row, events[node]))
-            except reports.ReportError as exc:
-                summary = {"changes_pending": None, "report_error": str(exc)}
+            if node in too_many:
+                summary = {
+                    "changes_pending": None,
+                    "report_error": f"not available: the report has more than {EVENTS_PER_NODE} "
+                    "changed or failed events; not read",
+                }
+            else:
+                try:
+                    summary = reports.changes_of(reports.from_puppetdb(row, events[node]))
+                except reports.ReportError as exc:
+                    summary = {"changes_pending": None, "report_error": str(exc)}
             with self._lock:
                 self.found[node] = summary
