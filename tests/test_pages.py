@@ -441,3 +441,14 @@ def test_an_approval_shows_what_the_dry_run_before_it_would_change_or_why_that_i
     assert "After <strong>a</strong> (success), which would change:" in page
     assert "<strong>web-1</strong>: changes pending<br>File[/etc/motd] content: a → b" in page
     assert "<strong>web-2</strong>: not available: PuppetDB at x could not be reached" in page
+
+
+def test_a_step_name_cannot_break_out_of_the_picture_s_markup(alice):
+    # Graphviz escapes a node's label, id and tooltip, but writes its URL into the SVG's href
+    # as given: a step named to close the attribute would add its own to the page.
+    name = 'a" onmouseover="alert(1)" x="%'
+    source = f"apiVersion: v1\nsteps:\n- name: '{name}'\n  type: approval\n"
+    page = logged_in(alice).get(f"/app/workflows/{make_workflow(alice, source).pk}/").content.decode()
+    svg = page[page.index("<svg") : page.index("</svg>")]
+    assert 'onmouseover="alert(1)"' not in svg
+    assert 'href="#step-a%22%20onmouseover%3D%22alert%281%29%22%20x%3D%22%25"' in svg  # run.js decodes it
