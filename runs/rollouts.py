@@ -58,6 +58,10 @@ def resolve_query(connection: PuppetConnection, query: Any) -> "list[str] | NotR
     answer the bridge is asked (it answers at its next check) and the rollout is refused
     until then, saying so: the service cannot read PuppetDB itself."""
     certnames, flags = resolve_scope(connection, {"query": query})
+    if certnames == []:
+        # Not a rollout of nothing: its batch would be a run with an empty node list, which
+        # no run may have (a bridge-resolved query that matches nothing ends `error`).
+        return NotResolvable("The query matches no node: there is nothing to roll out.")
     if certnames is not None:
         return certnames
     if flags and flags[0].startswith(QUERY_FAILED):

@@ -331,6 +331,22 @@ def test_a_rollout_of_a_query_scope_starts_from_the_nodes_the_bridge_resolved_it
     assert "PQL parse error at line 1" in error["detail"]
 
 
+def test_a_rollout_of_a_query_that_matches_no_node_is_a_400_not_a_run_of_no_nodes(connection):
+    conn, token = connection
+    PuppetConnection.objects.filter(pk=conn.pk).update(platform="oss", backend="ssh", puppetdb=True)
+    body = {"scope": {"query": 'inventory[certname] { facts.os.family = "Plan9" }'}, "rollout": {"batch": 2}}
+    bridge(token).post(RUNS, body, format="json")
+    [asked] = bridge(token).get("/_puppet/inventory").json()["queries"]
+    answers = [{"key": asked["key"], "certnames": []}]
+    assert bridge(token).post("/_puppet/inventory/queries", {"answers": answers}, format="json").json() == {
+        "taken": 1
+    }
+    response = bridge(token).post(RUNS, body, format="json")
+    [error] = assert_problem(response, 400)["errors"]
+    assert error["pointer"] == "#/scope" and "matches no node" in error["detail"]
+    assert Run.objects.count() == 0  # no batch with an empty node list for a bridge
+
+
 def test_only_runs_with_a_node_list_take_a_rollout(connection):
     conn, token = connection
     PuppetConnection.objects.filter(pk=conn.pk).update(platform="pe", backend="orchestrator")
