@@ -452,3 +452,11 @@ def test_a_step_name_cannot_break_out_of_the_picture_s_markup(alice):
     svg = page[page.index("<svg") : page.index("</svg>")]
     assert 'onmouseover="alert(1)"' not in svg
     assert 'href="#step-a%22%20onmouseover%3D%22alert%281%29%22%20x%3D%22%25"' in svg  # run.js decodes it
+
+
+def test_an_unknown_status_filter_is_a_400_in_plain_text_not_markup(alice):
+    workflow = make_workflow(alice, SOURCE)
+    response = logged_in(alice).get(f"/app/workflows/{workflow.pk}/", {"status": "<script>alert(1)</script>"})
+    assert response.status_code == 400
+    assert response["Content-Type"] == "text/plain; charset=utf-8"  # not markup a browser runs
+    assert "one of initializing, in-progress" in response.content.decode()
