@@ -460,3 +460,26 @@ def test_an_unknown_status_filter_is_a_400_in_plain_text_not_markup(alice):
     assert response.status_code == 400
     assert response["Content-Type"] == "text/plain; charset=utf-8"  # not markup a browser runs
     assert "one of initializing, in-progress" in response.content.decode()
+
+
+def test_a_trigger_s_name_stays_inside_its_quotes_in_the_settings_to_paste(db, settings):
+    import shlex
+
+    import yaml
+
+    from triggers import setup
+    from triggers.models import Trigger
+
+    # Only its length is checked (it comes from the document): the owner names it, someone
+    # else (a superuser) may paste the snippet.
+    name = "x' \"$(touch /tmp/pwned)\" '\nreports: evil"
+    hook = Trigger(name=name, kind="webhook", token_lookup="abc")
+    [export, _] = setup.webhook_curl(hook).split("\ncurl", 1)
+    assert shlex.split(export) == ["export", f"RELAY_TRIGGER_TOKEN={setup.token_placeholder(hook)}"]
+    push = Trigger(name=name, kind="push", token_lookup="abc")
+    written = yaml.safe_load(setup.report_processor_settings(push).split("\n\n")[1])
+    assert written == {
+        "relay_api_url": f"{settings.RELAY_PUBLIC_URL}/",
+        "relay_trigger_token": setup.token_placeholder(push),
+    }
+    assert setup.http_processor_settings(push).count("\n") == 3  # no line of its own in puppet.conf
