@@ -483,3 +483,18 @@ def test_a_trigger_s_name_stays_inside_its_quotes_in_the_settings_to_paste(db, s
         "relay_trigger_token": setup.token_placeholder(push),
     }
     assert setup.http_processor_settings(push).count("\n") == 3  # no line of its own in puppet.conf
+
+
+def test_a_post_to_the_admin_s_page_of_a_run_in_progress_writes_nothing_back(alice):
+    # Every field is read-only and there is no Save button, but a POST of the form saved the
+    # row as it was read, undoing whatever a worker wrote since.
+    alice.is_staff = True
+    alice.save()
+    run = engine.create_run(make_workflow(alice, SOURCE), {"target": "web"}, created_by=alice)
+    owner = logged_in(alice)
+    url = f"/admin/workflows/workflowrun/{run.pk}/change/"
+    with CaptureQueriesContext(connection) as queries:
+        response = owner.post(url, {})
+    assert response.status_code == 405
+    written = [q["sql"] for q in queries if q["sql"].startswith('UPDATE "workflows_workflowrun"')]
+    assert written == []
