@@ -498,3 +498,13 @@ def test_a_post_to_the_admin_s_page_of_a_run_in_progress_writes_nothing_back(ali
     assert response.status_code == 405
     written = [q["sql"] for q in queries if q["sql"].startswith('UPDATE "workflows_workflowrun"')]
     assert written == []
+
+
+def test_a_parameter_the_api_would_refuse_as_json_is_the_field_s_error_not_a_500(alice):
+    workflow = make_workflow(alice, SOURCE)
+    url = f"/app/workflows/{workflow.pk}/run/"
+    client = logged_in(alice)
+    for bad in ("[" * 100_000, "[" * 900 + "]" * 900, "NaN", "1e400"):
+        page = client.post(url, {"target": "web", "retries": bad}).content.decode()
+        assert '<ul class="errorlist" id="id_retries-errors"><li>Not a number: write it as JSON' in page
+    assert not WorkflowRun.objects.exists()
