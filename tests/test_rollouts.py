@@ -481,6 +481,34 @@ def test_a_bad_rollout_fails_the_step_with_its_place_in_the_spec(prod, alice, ro
     assert not Run.objects.exists()
 
 
+def test_the_step_waits_for_the_bridge_to_resolve_a_query_then_rolls_out(prod, alice):
+    # The API says "ask again later"; a step cannot be started again, so it waits (bounded).
+    PuppetConnection.objects.filter(name="prod").update(platform="oss", backend="ssh", puppetdb=True)
+    query = 'inventory[certname] { facts.os.family = "Debian" }'
+    step = puppet_run(alice, scope={"query": query}, rollout={"batch": 2})
+    first = step.start()
+    assert isinstance(first, Wait) and not Run.objects.exists()
+    step.cancel()  # while it waits there is no run to cancel: nothing fails
+    assert isinstance(step.check(), Wait)
+    [asked] = bridge(prod).get("/_puppet/inventory").json()["queries"]
+    answers = [{"key": asked["key"], "certnames": ["db-1", "db-2", "db-3"]}]
+    bridge(prod).post("/_puppet/inventory/queries", {"answers": answers}, format="json")
+    rolling = step.check()
+    assert isinstance(rolling, Wait) and rolling.outputs["rollout"]["batches"] == 2
+    assert Rollout.objects.get(run_id=rolling.outputs["id"]).nodes == ["db-1", "db-2", "db-3"]
+
+
+def test_the_step_gives_up_on_a_query_the_bridge_never_resolves(prod, alice):
+    PuppetConnection.objects.filter(name="prod").update(platform="oss", backend="ssh", puppetdb=True)
+    step = puppet_run(alice, scope={"query": "nodes[certname] {}"}, rollout={"batch": 2})
+    assert isinstance(step.start(), Wait)
+    step.started_at -= timedelta(hours=1)
+    done = step.check()
+    assert isinstance(done, Done) and not done.success
+    assert done.message.startswith("spec.scope: The connection's bridge did not resolve the query")
+    assert not Run.objects.exists()
+
+
 def test_cancelling_the_step_cancels_the_rollout(prod, alice):
     step = puppet_run(alice, rollout={"batch": 2})
     step_id = step.start().outputs["id"]
