@@ -6,6 +6,7 @@ from typing import Any
 
 from django import forms
 
+from relay.api.parsers import RefusedJSON, read_json
 from workflows.dialect.workflow import Parameter
 
 REQUIRED = "A required parameter has no value."  # the API's words (workflows.api.views)
@@ -53,8 +54,9 @@ class RunForm(forms.Form):
                 values[name] = value
                 continue
             try:
-                values[name] = json.loads(value)
-            except ValueError:
-                self.add_error(name, f"Not a {field.kind}: write it as JSON, like its default.")  # type: ignore[attr-defined]
+                # The API's reader: nesting, NaN, numbers past a float64 refused as the API does.
+                values[name] = read_json(value.encode())
+            except RefusedJSON as exc:
+                self.add_error(name, f"Not a {field.kind}: write it as JSON, like its default ({exc}).")  # type: ignore[attr-defined]
         self.values = values
         return cleaned

@@ -6,6 +6,7 @@ import functools
 import logging
 import re
 import subprocess
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -66,7 +67,10 @@ def dot_source(nodes: Sequence[Node], edges: Sequence[tuple[str, str, bool]]) ->
             words.append(node.status + (f" · {node.duration}" if node.duration else ""))
         attributes = {
             "label": '"' + "\\n".join(w.replace("\\", "\\\\").replace('"', '\\"') for w in words) + '"',
-            "URL": quoted(f"#step-{node.name}"),
+            # Percent-encoded: Graphviz escapes the label, id and tooltip, but writes the URL
+            # into the SVG's href as given, so a quote in a step's name would end the attribute
+            # and start one of its own (pages/static/pages/run.js decodes it).
+            "URL": quoted("#step-" + urllib.parse.quote(node.name, safe="")),
             "tooltip": quoted(f"{node.name}: {node.status or ('approval' if node.approval else 'step')}"),
             "id": quoted(f"node-{node.name}"),
             "shape": "hexagon" if node.approval else "box",

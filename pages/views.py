@@ -156,7 +156,11 @@ def workflow_detail(request: HttpRequest, workflow_id: Any) -> HttpResponse:
     document = engine.parsed(revision.pk) if revision is not None else None
     wanted = request.GET.get("status", "")
     if wanted and wanted not in STATUS_WORDS:
-        return HttpResponseBadRequest(f"No status {wanted!r}: one of {', '.join(STATUS_WORDS)}.")
+        # Plain text: the answer quotes what was asked, which a link can make markup.
+        return HttpResponseBadRequest(
+            f"No status {wanted!r}: one of {', '.join(STATUS_WORDS)}.",
+            content_type="text/plain; charset=utf-8",
+        )
     runs = []
     if may(request.user, Action.VIEW_RUNS, workflow):
         shown = list(runs_of(workflow, wanted)[:HISTORY])

@@ -34,9 +34,20 @@ ADVANCE = "runs.tasks.advance_rollout"  # its Celery name: queued by name (relay
 
 @dataclass(frozen=True)
 class NotResolvable:
-    """A scope whose nodes cannot be listed (yet); `reason` says why, for a 400."""
+    """A scope whose nodes cannot be listed (yet); `reason` says why, for a 400. `asked`:
+    not yet, the connection's bridge has been asked to resolve its query."""
 
     reason: str
+    asked: bool = False
+
+
+class QueryAsked(Exception):
+    """Raised, instead of a 400, to a caller that waits for the bridge to resolve a rollout's
+    query (a puppet-run step, which cannot be started again as an API client can)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 def nodes_of(connection: PuppetConnection, scope: dict[str, Any]) -> "list[str] | NotResolvable":
@@ -58,6 +69,10 @@ def resolve_query(connection: PuppetConnection, query: Any) -> "list[str] | NotR
     answer the bridge is asked (it answers at its next check) and the rollout is refused
     until then, saying so: the service cannot read PuppetDB itself."""
     certnames, flags = resolve_scope(connection, {"query": query})
+    if certnames == []:
+        # Not a rollout of nothing: its batch would be a run with an empty node list, which
+        # no run may have (a bridge-resolved query that matches nothing ends `error`).
+        return NotResolvable("The query matches no node: there is nothing to roll out.")
     if certnames is not None:
         return certnames
     if flags and flags[0].startswith(QUERY_FAILED):
@@ -67,7 +82,8 @@ def resolve_query(connection: PuppetConnection, query: Any) -> "list[str] | NotR
         "A rollout of a `query` scope starts from the nodes the query names, which only the "
         "connection's bridge can ask PuppetDB for: it has been asked, and answers at its next "
         "check (POST /api/connections/puppet/{id}/preview/ with the scope shows when it has). "
-        "Start the rollout again then, or give the nodes (`scope: {nodes: [...]}`)."
+        "Start the rollout again then, or give the nodes (`scope: {nodes: [...]}`).",
+        asked=True,
     )
 
 

@@ -441,3 +441,70 @@ def test_an_approval_shows_what_the_dry_run_before_it_would_change_or_why_that_i
     assert "After <strong>a</strong> (success), which would change:" in page
     assert "<strong>web-1</strong>: changes pending<br>File[/etc/motd] content: a → b" in page
     assert "<strong>web-2</strong>: not available: PuppetDB at x could not be reached" in page
+
+
+def test_a_step_name_cannot_break_out_of_the_picture_s_markup(alice):
+    # Graphviz escapes a node's label, id and tooltip, but writes its URL into the SVG's href
+    # as given: a step named to close the attribute would add its own to the page.
+    name = 'a" onmouseover="alert(1)" x="%'
+    source = f"apiVersion: v1\nsteps:\n- name: '{name}'\n  type: approval\n"
+    page = logged_in(alice).get(f"/app/workflows/{make_workflow(alice, source).pk}/").content.decode()
+    svg = page[page.index("<svg") : page.index("</svg>")]
+    assert 'onmouseover="alert(1)"' not in svg
+    assert 'href="#step-a%22%20onmouseover%3D%22alert%281%29%22%20x%3D%22%25"' in svg  # run.js decodes it
+
+
+def test_an_unknown_status_filter_is_a_400_in_plain_text_not_markup(alice):
+    workflow = make_workflow(alice, SOURCE)
+    response = logged_in(alice).get(f"/app/workflows/{workflow.pk}/", {"status": "<script>alert(1)</script>"})
+    assert response.status_code == 400
+    assert response["Content-Type"] == "text/plain; charset=utf-8"  # not markup a browser runs
+    assert "one of initializing, in-progress" in response.content.decode()
+
+
+def test_a_trigger_s_name_stays_inside_its_quotes_in_the_settings_to_paste(db, settings):
+    import shlex
+
+    import yaml
+
+    from triggers import setup
+    from triggers.models import Trigger
+
+    # Only its length is checked (it comes from the document): the owner names it, someone
+    # else (a superuser) may paste the snippet.
+    name = "x' \"$(touch /tmp/pwned)\" '\nreports: evil"
+    hook = Trigger(name=name, kind="webhook", token_lookup="abc")
+    [export, _] = setup.webhook_curl(hook).split("\ncurl", 1)
+    assert shlex.split(export) == ["export", f"RELAY_TRIGGER_TOKEN={setup.token_placeholder(hook)}"]
+    push = Trigger(name=name, kind="push", token_lookup="abc")
+    written = yaml.safe_load(setup.report_processor_settings(push).split("\n\n")[1])
+    assert written == {
+        "relay_api_url": f"{settings.RELAY_PUBLIC_URL}/",
+        "relay_trigger_token": setup.token_placeholder(push),
+    }
+    assert setup.http_processor_settings(push).count("\n") == 3  # no line of its own in puppet.conf
+
+
+def test_a_post_to_the_admin_s_page_of_a_run_in_progress_writes_nothing_back(alice):
+    # Every field is read-only and there is no Save button, but a POST of the form saved the
+    # row as it was read, undoing whatever a worker wrote since.
+    alice.is_staff = True
+    alice.save()
+    run = engine.create_run(make_workflow(alice, SOURCE), {"target": "web"}, created_by=alice)
+    owner = logged_in(alice)
+    url = f"/admin/workflows/workflowrun/{run.pk}/change/"
+    with CaptureQueriesContext(connection) as queries:
+        response = owner.post(url, {})
+    assert response.status_code == 405
+    written = [q["sql"] for q in queries if q["sql"].startswith('UPDATE "workflows_workflowrun"')]
+    assert written == []
+
+
+def test_a_parameter_the_api_would_refuse_as_json_is_the_field_s_error_not_a_500(alice):
+    workflow = make_workflow(alice, SOURCE)
+    url = f"/app/workflows/{workflow.pk}/run/"
+    client = logged_in(alice)
+    for bad in ("[" * 100_000, "[" * 900 + "]" * 900, "NaN", "1e400"):
+        page = client.post(url, {"target": "web", "retries": bad}).content.decode()
+        assert '<ul class="errorlist" id="id_retries-errors"><li>Not a number: write it as JSON' in page
+    assert not WorkflowRun.objects.exists()

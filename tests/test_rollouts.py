@@ -331,6 +331,22 @@ def test_a_rollout_of_a_query_scope_starts_from_the_nodes_the_bridge_resolved_it
     assert "PQL parse error at line 1" in error["detail"]
 
 
+def test_a_rollout_of_a_query_that_matches_no_node_is_a_400_not_a_run_of_no_nodes(connection):
+    conn, token = connection
+    PuppetConnection.objects.filter(pk=conn.pk).update(platform="oss", backend="ssh", puppetdb=True)
+    body = {"scope": {"query": 'inventory[certname] { facts.os.family = "Plan9" }'}, "rollout": {"batch": 2}}
+    bridge(token).post(RUNS, body, format="json")
+    [asked] = bridge(token).get("/_puppet/inventory").json()["queries"]
+    answers = [{"key": asked["key"], "certnames": []}]
+    assert bridge(token).post("/_puppet/inventory/queries", {"answers": answers}, format="json").json() == {
+        "taken": 1
+    }
+    response = bridge(token).post(RUNS, body, format="json")
+    [error] = assert_problem(response, 400)["errors"]
+    assert error["pointer"] == "#/scope" and "matches no node" in error["detail"]
+    assert Run.objects.count() == 0  # no batch with an empty node list for a bridge
+
+
 def test_only_runs_with_a_node_list_take_a_rollout(connection):
     conn, token = connection
     PuppetConnection.objects.filter(pk=conn.pk).update(platform="pe", backend="orchestrator")
@@ -462,6 +478,34 @@ def test_the_puppet_run_step_succeeds_when_every_node_finished(prod, alice):
 def test_a_bad_rollout_fails_the_step_with_its_place_in_the_spec(prod, alice, rollout, message):
     done = puppet_run(alice, rollout=rollout).start()
     assert isinstance(done, Done) and not done.success and done.message == message
+    assert not Run.objects.exists()
+
+
+def test_the_step_waits_for_the_bridge_to_resolve_a_query_then_rolls_out(prod, alice):
+    # The API says "ask again later"; a step cannot be started again, so it waits (bounded).
+    PuppetConnection.objects.filter(name="prod").update(platform="oss", backend="ssh", puppetdb=True)
+    query = 'inventory[certname] { facts.os.family = "Debian" }'
+    step = puppet_run(alice, scope={"query": query}, rollout={"batch": 2})
+    first = step.start()
+    assert isinstance(first, Wait) and not Run.objects.exists()
+    step.cancel()  # while it waits there is no run to cancel: nothing fails
+    assert isinstance(step.check(), Wait)
+    [asked] = bridge(prod).get("/_puppet/inventory").json()["queries"]
+    answers = [{"key": asked["key"], "certnames": ["db-1", "db-2", "db-3"]}]
+    bridge(prod).post("/_puppet/inventory/queries", {"answers": answers}, format="json")
+    rolling = step.check()
+    assert isinstance(rolling, Wait) and rolling.outputs["rollout"]["batches"] == 2
+    assert Rollout.objects.get(run_id=rolling.outputs["id"]).nodes == ["db-1", "db-2", "db-3"]
+
+
+def test_the_step_gives_up_on_a_query_the_bridge_never_resolves(prod, alice):
+    PuppetConnection.objects.filter(name="prod").update(platform="oss", backend="ssh", puppetdb=True)
+    step = puppet_run(alice, scope={"query": "nodes[certname] {}"}, rollout={"batch": 2})
+    assert isinstance(step.start(), Wait)
+    step.started_at -= timedelta(hours=1)
+    done = step.check()
+    assert isinstance(done, Done) and not done.success
+    assert done.message.startswith("spec.scope: The connection's bridge did not resolve the query")
     assert not Run.objects.exists()
 
 

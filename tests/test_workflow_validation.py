@@ -77,6 +77,24 @@ def test_step_names_are_unique() -> None:
     ) == [("#/steps/1/name", 3, "Another step is already named 'a' (steps[0]); step names must be unique.")]
 
 
+def test_a_step_name_has_no_slash_since_it_is_a_part_of_the_step_s_urls() -> None:
+    # …/steps/<name>/log and the run page's links: a name with a slash was a page that failed.
+    assert errors(
+        """\
+        steps:
+        - {name: deploy/web, image: alpine}
+        """
+    ) == [
+        (
+            "#/steps/0/name",
+            2,
+            "A step's name is part of its URLs (…/steps/<name>/log): it cannot hold '/'.",
+        )
+    ]
+    stored = "steps:\n- {name: deploy/web, image: alpine}\n"
+    assert validate(stored, stored=True).workflow is not None  # a revision saved before still reads
+
+
 def test_trigger_names_are_unique() -> None:
     problems = errors(
         """\

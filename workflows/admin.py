@@ -480,7 +480,10 @@ class WorkflowRunAdmin(admin.ModelAdmin):
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict | None = None
     ) -> HttpResponse:
-        # Every field is read-only: there is never anything to save (cancel is an action).
+        # Every field is read-only: there is never anything to save (cancel is an action). A
+        # POST would save the row as this request read it, undoing a worker's change since.
+        if request.method == "POST":
+            return HttpResponseNotAllowed(["GET"])
         extra_context = {**(extra_context or {}), "show_save": False, "show_save_and_continue": False}
         return super().change_view(request, object_id, form_url, extra_context)
 

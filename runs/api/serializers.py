@@ -370,19 +370,24 @@ class RunCreateSerializer(RejectUnknownFields, serializers.Serializer):
         for field, message in check_against_connection(attrs, self.context["connection"]).items():
             errors.setdefault(field, message)
         if "rollout" in attrs and not errors:
-            errors.update(rollout_plan(attrs, self.context["connection"]))
+            errors.update(rollout_plan(attrs, self.context["connection"], self.context.get("wait_for_query")))
         if errors:
             raise serializers.ValidationError(errors)
         return attrs
 
 
-def rollout_plan(attrs: dict[str, Any], connection: PuppetConnection) -> dict[str, Any]:
+def rollout_plan(
+    attrs: dict[str, Any], connection: PuppetConnection, wait_for_query: bool = False
+) -> dict[str, Any]:
     """A run with a rollout: its nodes (from its scope) and its plan, put in `attrs["rollout"]`
-    for Run.create_for. Returns the errors."""
+    for Run.create_for. Returns the errors. `wait_for_query`: a query the bridge has been
+    asked to resolve raises rollouts.QueryAsked (the rest is valid), not an error."""
     if attrs["type"] != RunType.RUN:
         return {"rollout": f"Only runs (type 'run') take a rollout; not a {attrs['type']}."}
     nodes = rollouts.nodes_of(connection, attrs["scope"])
     if isinstance(nodes, rollouts.NotResolvable):
+        if nodes.asked and wait_for_query:
+            raise rollouts.QueryAsked(nodes.reason)
         return {"scope": nodes.reason}
     spec = dict(attrs["rollout"])
     if spec["canary"] > len(nodes):

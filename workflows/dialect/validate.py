@@ -310,6 +310,8 @@ class _Checker:
         self.check_unique("triggers", "trigger")
         if self.budgets:
             self.check_schedule_count(triggers)
+            # New documents only, as the budgets: a revision saved before still reads.
+            self.check_step_names_fit_urls()
         self.check_cycles(steps)
         if self.problems:
             return Validation(None, self.problems, self.warnings)
@@ -356,6 +358,17 @@ class _Checker:
                     f"{tag} is evaluated only in a step's spec, env and when, "
                     "and a trigger's when and binding; "
                     "here it would be read as plain text.",
+                )
+
+    def check_step_names_fit_urls(self) -> None:
+        """A step's name is a segment of its URLs (the API's …/steps/<name>/log, the run
+        page's links), which Django's `str` converter takes without '/': such a name made
+        pages that could not link to the step fail."""
+        for index, step in enumerate(self.tree.get("steps") or []):
+            if "/" in step["name"]:
+                self.error(
+                    child_pointer(f"#/steps/{index}", "name"),
+                    "A step's name is part of its URLs (…/steps/<name>/log): it cannot hold '/'.",
                 )
 
     def check_unique(self, key: str, word: str) -> None:

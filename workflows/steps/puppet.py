@@ -51,10 +51,14 @@ def optional(spec: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, Any
     return {api: spec[name] for api, name in names.items() if spec.get(name) is not None}
 
 
-def create_run(connection: PuppetConnection, body: dict[str, Any], names: Mapping[str, str]) -> Run:
+def create_run(
+    connection: PuppetConnection, body: dict[str, Any], names: Mapping[str, str], wait_for_query: bool = False
+) -> Run:
     """A run made as `POST /_puppet/runs` makes it, with its checks. `names` maps the body's
-    fields back to the spec's, for the messages."""
-    request = RunCreateSerializer(data=body, context={"connection": connection})
+    fields back to the spec's, for the messages. `wait_for_query`: a rollout whose query the
+    bridge has yet to resolve raises runs.rollouts.QueryAsked (runs.api.serializers.rollout_plan)."""
+    context = {"connection": connection, "wait_for_query": wait_for_query}
+    request = RunCreateSerializer(data=body, context=context)
     if not request.is_valid():
         details = serializers.ValidationError(request.errors).get_full_details()
         problems = [f"{spec_place(e['pointer'], names)}: {e['detail']}" for e in field_errors(details)]

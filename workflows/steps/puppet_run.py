@@ -7,7 +7,8 @@ no_noop, debug, trace, evalTrace (evaltrace), and rollout (beyond the RFC):
 `{canary: 1, batch: 10 | "20%", max_failures: 0 | "5%", pause: 30s}`, which makes the run a
 rollout, in batches (runs.models.Rollout), and adds the outputs `batches` (which ran: each
 one's nodes, run, outcome and failed nodes), `nodes` (certname -> outcome, `not-run` for
-nodes of batches that never started) and `stopped` (why it stopped early, or "").
+nodes of batches that never started) and `stopped` (why it stopped early, or ""). A rollout of
+a `query` scope waits (up to QUERY_WAIT) for the connection's bridge to resolve the query.
 
 It ends `success` when the outcome is `finished` or `success` (a plan's), and `failure` for
 any other, as the bridge's relay-puppet-run exits. It gives up (outcome `timed-out`, and
@@ -16,16 +17,22 @@ heartbeats: once now is later than `updated_at + timeoutAfterMissedHeartbeats *
 (next_update_before - updated_at)`."""
 
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
 
 from django.utils import timezone
 
 from runs.models import Outcome, Run, Status
+from runs.rollouts import QueryAsked
 from workflows.steps import puppet
 from workflows.steps.base import Done, StepContext, Wait
 from workflows.steps.spec import SpecError, check_fields
 
 SUCCESS = (Outcome.FINISHED, Outcome.SUCCESS)
+# A rollout of a `query` scope waits for the connection's bridge to resolve it (the bridge
+# answers at its inventory check, every minute): looked at this often, for at most this long.
+QUERY_RECHECK = timedelta(seconds=10)
+QUERY_WAIT = timedelta(minutes=10)
 # The run's fields and the spec's names for them; the RFC's first.
 SPELLINGS = {
     "environment": ("environment",),
@@ -60,17 +67,30 @@ class PuppetRun:
             connection = puppet.connection_from(ctx.spec)
             missed = puppet.missed_heartbeats(ctx.spec)
             names = run_fields(ctx.spec)
-            run = puppet.create_run(connection, {"type": "run", **puppet.optional(ctx.spec, names)}, names)
+            body = {"type": "run", **puppet.optional(ctx.spec, names)}
+            run = puppet.create_run(connection, body, names, wait_for_query=True)
         except SpecError as exc:
             return Done(False, message=str(exc))
+        except QueryAsked:
+            if timezone.now() - ctx.started_at > QUERY_WAIT:
+                seconds = int(QUERY_WAIT.total_seconds())
+                return Done(
+                    False,
+                    message=f"spec.scope: The connection's bridge did not resolve the query within "
+                    f"{seconds} seconds: is it running, with puppetdb_url? (It resolves queries at "
+                    "its inventory check, every minute.)",
+                )
+            return Wait(recheck_at=timezone.now() + QUERY_RECHECK, state={"query_asked": True})
         return self.follow(run, puppet.kept(run, connection, missed=missed), ctx)
 
     def check(self, ctx: StepContext) -> Done | Wait:
+        if ctx.state.get("query_asked"):
+            return self.start(ctx)  # no run yet: its rollout's query may be resolved by now
         run = puppet.run_of(ctx)
         return puppet.GONE if run is None else self.follow(run, ctx.state, ctx)
 
     def cancel(self, ctx: StepContext) -> None:
-        run = puppet.run_of(ctx) if ctx.state else None
+        run = puppet.run_of(ctx) if ctx.state.get("run") else None
         if run is not None:
             puppet.cancel(run, ctx)
 
