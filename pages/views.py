@@ -114,19 +114,36 @@ def started_by(run: WorkflowRun) -> str:
     return "—"
 
 
+REVISIONS = 10  # revisions shown on a workflow's page, each with its source and changes
+# A document may be 1 MiB: past these the page says so rather than diff or show it (difflib
+# took 0.9 s for one pair of 30,000-line documents; 50 such sources were tens of MB of HTML).
+DIFF_MAX_LINES = 5_000  # lines of either document diffed
+CHANGES_SHOWN = 1_000  # lines of a diff shown
+SOURCE_SHOWN = 256 * 1024  # characters of a document shown
+
+
 def with_changes(revisions: list[WorkflowRevision]) -> list[WorkflowRevision]:
     """The revisions, newest first, less the last (one more than shown is asked for), each with
-    `changes`: its document's differences from the revision before it, as (css class, line)."""
+    `changes`: its document's differences from the revision before it, as (css class, line),
+    and `too_large`: why its source or changes are not all shown."""
     for revision, before in itertools.pairwise(revisions):
+        old, new = before.source.splitlines(), revision.source.splitlines()
+        if max(len(old), len(new)) > DIFF_MAX_LINES:
+            revision.changes = [("", f"(not shown here: over {DIFF_MAX_LINES} lines to compare)")]  # type: ignore[attr-defined]
+            continue
         lines = difflib.unified_diff(
-            before.source.splitlines(),
-            revision.source.splitlines(),
-            f"revision {before.number}",
-            f"revision {revision.number}",
-            lineterm="",
+            old, new, f"revision {before.number}", f"revision {revision.number}", lineterm=""
         )
-        revision.changes = [(DIFF_CLASSES.get(line[:1], ""), line) for line in lines]  # type: ignore[attr-defined]
-    return revisions[:HISTORY]
+        changes = [
+            (DIFF_CLASSES.get(line[:1], ""), line) for line in itertools.islice(lines, CHANGES_SHOWN + 1)
+        ]
+        if len(changes) > CHANGES_SHOWN:
+            changes[CHANGES_SHOWN:] = [("", f"(the first {CHANGES_SHOWN} lines of the changes)")]
+        revision.changes = changes  # type: ignore[attr-defined]
+    for revision in revisions:
+        revision.shown_source = revision.source[:SOURCE_SHOWN]  # type: ignore[attr-defined]
+        revision.cut = len(revision.source) > SOURCE_SHOWN  # type: ignore[attr-defined]
+    return revisions[:REVISIONS]
 
 
 DIFF_CLASSES = {"+": "added", "-": "removed", "@": "hunk"}
@@ -182,7 +199,7 @@ def workflow_detail(request: HttpRequest, workflow_id: Any) -> HttpResponse:
             "connections": setup.connections_of(request.user, workflow, document) if document else [],
             "runs": runs,
             "revisions": with_changes(
-                list(workflow.revisions.select_related("created_by").order_by("-number")[: HISTORY + 1])
+                list(workflow.revisions.select_related("created_by").order_by("-number")[: REVISIONS + 1])
             ),
             "may_run": may(request.user, Action.RUN, workflow) and document is not None,
             "may_view_runs": may(request.user, Action.VIEW_RUNS, workflow),

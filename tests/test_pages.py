@@ -10,6 +10,7 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
+from pages import views
 from tests.workflow_helpers import NOOP, make_workflow, steps_of, waiting_at_gate
 from workflows import engine
 from workflows.models import StepRun, WorkflowRun
@@ -79,6 +80,26 @@ def test_each_revision_says_what_changed_from_the_one_before(alice):
     page = logged_in(alice).get(f"/app/workflows/{workflow.pk}/").content.decode()
     assert "What changed from revision 1" in page and "What changed from revision 0" not in page
     assert '<span class="removed">-    default: 2</span>\n<span class="added">+    default: 4</span>' in page
+
+
+def test_a_workflows_page_shows_a_bounded_history_however_large_its_documents(alice, monkeypatch):
+    """Ten revisions at most; a document shown to SOURCE_SHOWN characters, changes diffed only
+    up to DIFF_MAX_LINES lines and shown to CHANGES_SHOWN lines (documents may be 1 MiB)."""
+    monkeypatch.setattr(views, "SOURCE_SHOWN", 400)
+    monkeypatch.setattr(views, "DIFF_MAX_LINES", 60)
+    monkeypatch.setattr(views, "CHANGES_SHOWN", 10)
+    steps = "".join(f"- name: s{i}\n  image: {NOOP}\n" for i in range(20))  # 40 lines
+    workflow = make_workflow(alice, f"apiVersion: v1\nsteps:\n{steps}")
+    for n in range(2, 13):
+        workflow.add_revision(f"apiVersion: v1\nsteps:\n{steps.replace('name: s', f'name: r{n}s')}", alice)
+    longer = "".join(f"- name: t{i}\n  image: {NOOP}\n" for i in range(40))  # 80 lines
+    workflow.add_revision(f"apiVersion: v1\nsteps:\n{longer}", alice)
+    page = logged_in(alice).get(f"/app/workflows/{workflow.pk}/").content.decode()
+    assert re.findall(r'<details id="revision-(\d+)"', page) == [str(n) for n in range(13, 3, -1)]
+    assert "(not shown here: over 60 lines to compare)" in page  # 13 against 12
+    assert "(the first 10 lines of the changes)" in page  # 12 against 11: 40 lines changed
+    assert "(its first 400 characters; the whole document is in the API" in page
+    assert "name: t39" not in page
 
 
 def test_the_admin_links_to_the_pages(staff):
