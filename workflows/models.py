@@ -493,6 +493,8 @@ def notify_run_changed(run_id: Any) -> None:
 
 # A step's fields the run page shows live (pages.live.LIVE_FIELDS): a change of one wakes it.
 SHOWN_LIVE = frozenset({"status", "decision", "decided_by", "message", "started_at", "ended_at"})
+# The outputs it shows live too: a rollout's progress (batch k of n), published at each wait.
+SHOWN_LIVE_OUTPUTS = frozenset({"rollout"})
 
 
 class StepKind(models.TextChoices):
@@ -662,8 +664,6 @@ class StepRun(models.Model):
         )
         if won:
             del self.outputs  # merged in the database: read again if asked for (deferred)
-            if outputs:  # progress it publishes while it waits (a rollout's) is shown live
-                notify_run_changed(self.run_id)
         return won
 
     def record_wait(
@@ -688,7 +688,7 @@ class StepRun(models.Model):
         )
         if won:
             del self.outputs  # merged in the database: read again if asked for (deferred)
-            if outputs:  # progress it publishes while it waits (a rollout's) is shown live
+            if SHOWN_LIVE_OUTPUTS.intersection(outputs):  # progress shown while it waits
                 notify_run_changed(self.run_id)
         return won
 
