@@ -5,6 +5,7 @@ loop. Counted in reads and queries, never timed."""
 
 import json
 import re
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -166,6 +167,13 @@ def test_a_waiting_steps_published_progress_wakes_its_pages(live_server, watched
             "nodes_done": 3,
             "nodes_failed": 0,
         }
+        # What the page does not show (a Puppet step's id at each wait) wakes nobody: no re-read.
+        reads = live.reads
+        assert step.record_wait(lease, {}, {"id": "x"}, timezone.now() + timedelta(minutes=1), None)
+        StepRun.objects.filter(pk=step.pk).update(lease_id=lease)  # held again, as a worker would
+        step = StepRun.objects.get(pk=step.pk)
+        time.sleep(1)
+        assert live.reads == reads and not ask.done()
         assert step.record_wait(lease, {}, {"rollout": progress}, timezone.now() + timedelta(minutes=1), None)
         answer = ask.result()
     assert answer.status_code == 200
