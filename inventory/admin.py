@@ -88,7 +88,15 @@ class NodeAdmin(ReadOnly):
         "environment",
         "facts_shown",
     ]
-    list_filter = [StateFilter, "report_status", FactFilter, "connection", "environment"]
+    # The connections offered are the ones whose nodes the user sees: the stock filter would
+    # name every user's connections.
+    list_filter = [
+        StateFilter,
+        "report_status",
+        FactFilter,
+        ("connection", admin.RelatedOnlyFieldListFilter),
+        "environment",
+    ]
     search_fields = ["certname"]
     list_select_related = ["connection"]
     readonly_fields = [*Node.SENT, "certname", "connection", "seen_at"]

@@ -12,6 +12,7 @@ from django.urls import reverse
 
 from inventory.models import Inventory, Node
 from inventory.scope import ASKED, RESOLVED_AT_RUN_TIME, resolve_scope
+from puppet_connection.models import PuppetConnection
 from tests.conftest import bridge, client_for
 from tests.test_connection_api import assert_problem
 
@@ -435,3 +436,16 @@ def test_a_query_puppetdb_refused_shows_its_message(token, connection, alice):
 )
 def test_bad_query_answers_are_400(token, answers):
     assert_problem(bridge(token).post(f"{BASE}/queries", {"answers": answers}, format="json"), 400)
+
+
+def test_the_admin_offers_no_connection_its_user_may_not_see(token, connection, client, bob):
+    """The node list's connection filter names only the connections the user may see: the
+    names of other users' connections are theirs to see (connections.permissions)."""
+    fleet(token)
+    for name in ("bob-puppet", "bob-lab"):
+        PuppetConnection.create_with_token(owner=bob, name=name)
+    type(bob).objects.filter(pk=bob.pk).update(is_staff=True)
+    client.force_login(bob)
+    page = client.get("/admin/inventory/node/")
+    assert page.status_code == 200
+    assert "prod-puppet" not in page.content.decode()
