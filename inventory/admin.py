@@ -74,6 +74,8 @@ class FactFilter(admin.SimpleListFilter):
         path, _, value = (self.value() or "").partition("=")
         if not path:
             return queryset
+        if "\x00" in path or "\x00" in value:
+            return queryset.none()  # no fact holds a NUL, and PostgreSQL refuses one in a lookup (a 500)
         return queryset.alias(fact=KeyTextTransform(path, "facts")).filter(fact=value)
 
 

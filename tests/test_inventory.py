@@ -449,3 +449,12 @@ def test_the_admin_offers_no_connection_its_user_may_not_see(token, connection, 
     page = client.get("/admin/inventory/node/")
     assert page.status_code == 200
     assert "prod-puppet" not in page.content.decode()
+
+
+@pytest.mark.parametrize("value", ["os.family=\x00", "os\x00family=Debian"])
+def test_a_nul_in_the_admins_fact_filter_is_no_500(token, connection, client, alice, value):
+    fleet(token)
+    type(alice).objects.filter(pk=alice.pk).update(is_staff=True)
+    client.force_login(alice)
+    page = client.get("/admin/inventory/node/", {"fact": value})
+    assert page.status_code < 500
