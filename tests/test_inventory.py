@@ -458,3 +458,20 @@ def test_a_nul_in_the_admins_fact_filter_is_no_500(token, connection, client, al
     client.force_login(alice)
     page = client.get("/admin/inventory/node/", {"fact": value})
     assert page.status_code < 500
+
+
+def test_only_the_connections_owner_has_its_bridge_resolve_a_query(token, connection, alice):
+    """A preview query runs on the owner's PuppetDB through their bridge, and a query can
+    test any fact (`facts.secret ~ "^a"`), past the allow-list: staff who may only see the
+    connection get the inventory's answer, and nothing is asked of the bridge."""
+    from tests.test_api_permissions import user_with
+
+    viewer = user_with("view_puppetconnection")
+    url = f"/api/connections/puppet/{connection[0].pk}/preview/"
+    ask = {"scope": {"query": 'inventory[certname] { facts.secret ~ "^a" }'}}
+    shown = client_for(viewer).post(url, ask, format="json").json()
+    assert (shown["resolved"], shown["flags"]) == (False, [RESOLVED_AT_RUN_TIME])
+    assert bridge(token).get(BASE).json()["queries"] == []
+    shown = client_for(alice).post(url, ask, format="json").json()
+    assert shown["flags"] == [ASKED]
+    assert len(bridge(token).get(BASE).json()["queries"]) == 1
