@@ -475,3 +475,26 @@ def test_only_the_connections_owner_has_its_bridge_resolve_a_query(token, connec
     shown = client_for(alice).post(url, ask, format="json").json()
     assert shown["flags"] == [ASKED]
     assert len(bridge(token).get(BASE).json()["queries"]) == 1
+
+
+def test_a_query_naming_more_nodes_than_a_run_may_is_answered_as_such_and_the_others_kept(
+    token, connection, alice, settings
+):
+    """One query matching more nodes than a run may name (RUN_MAX_NODES) refused every
+    answer of the bridge's batch, each minute again: no preview was ever answered."""
+    settings.RUN_MAX_NODES = 2
+    url = f"/api/connections/puppet/{connection[0].pk}/preview/"
+    wide, narrow = {"scope": {"query": "nodes[certname] {}"}}, {"scope": {"query": ["=", "certname", "a"]}}
+    for ask in (wide, narrow):
+        client_for(alice).post(url, ask, format="json")
+    keys = {json.dumps(q["query"]): q["key"] for q in bridge(token).get(BASE).json()["queries"]}
+    answers = [
+        {"key": keys[json.dumps(wide["scope"]["query"])], "certnames": ["a", "b", "c"]},
+        {"key": keys[json.dumps(narrow["scope"]["query"])], "certnames": ["a"]},
+    ]
+    answer = bridge(token).post(f"{BASE}/queries", {"answers": answers}, format="json")
+    assert answer.status_code == 200, answer.content
+    assert answer.json() == {"taken": 2}
+    assert client_for(alice).post(url, narrow, format="json").json()["nodes"][0]["certname"] == "a"
+    flags = client_for(alice).post(url, wide, format="json").json()["flags"]
+    assert flags == ["PuppetDB could not resolve it: the query names 3 nodes, more than a run may (2)."]
