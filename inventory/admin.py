@@ -142,6 +142,20 @@ class InventoryAdmin(ReadOnly):
 
     @admin.action(description="Ask the bridge to sync now")
     def sync_now(self, request: HttpRequest, queryset: QuerySet[Inventory]) -> None:
-        for inventory in queryset:
+        # Setting its bridge to work is a change, as the API's POST …/sync/ is: the owner's
+        # or a superuser's (connections.permissions), not whoever may see the connection.
+        asked, refused = [], []
+        for inventory in queryset.select_related("connection"):
+            mine = may(request.user, Action.CHANGE, inventory.connection)
+            (asked if mine else refused).append(inventory)
+        for inventory in asked:
             inventory.request_sync()
-        self.message_user(request, f"Asked {queryset.count()} bridge(s) to sync.", messages.SUCCESS)
+        if asked:
+            self.message_user(request, f"Asked {len(asked)} bridge(s) to sync.", messages.SUCCESS)
+        if refused:
+            names = ", ".join(str(i.connection) for i in refused)
+            self.message_user(
+                request,
+                f"Only a connection's owner or a superuser asks for its sync: not {names}.",
+                messages.ERROR,
+            )

@@ -498,3 +498,22 @@ def test_a_query_naming_more_nodes_than_a_run_may_is_answered_as_such_and_the_ot
     assert client_for(alice).post(url, narrow, format="json").json()["nodes"][0]["certname"] == "a"
     flags = client_for(alice).post(url, wide, format="json").json()["flags"]
     assert flags == ["PuppetDB could not resolve it: the query names 3 nodes, more than a run may (2)."]
+
+
+def test_only_whoever_may_change_the_connection_asks_for_a_sync_in_the_admin(
+    token, connection, client, alice
+):
+    """As in the API (POST …/sync/ changes: the owner or a superuser): staff who may only
+    see the connection do not set its bridge to work."""
+    from tests.test_api_permissions import user_with
+
+    synced(token, [node("web-1")])
+    inventory_row = Inventory.objects.get()
+    action = {"action": "sync_now", "_selected_action": [str(inventory_row.pk)]}
+    client.force_login(user_with("view_puppetconnection"))
+    client.post("/admin/inventory/inventory/", action)
+    assert Inventory.objects.get().sync_requested_at is None
+    type(alice).objects.filter(pk=alice.pk).update(is_staff=True)
+    client.force_login(alice)
+    assert client.post("/admin/inventory/inventory/", action).status_code == 302
+    assert Inventory.objects.get().sync_requested_at is not None
