@@ -236,6 +236,7 @@ def test_the_allow_list_defaults_with_puppetdb_and_takes_a_list_or_comma_separat
         ("puppetdb_url: http://x:8080\ninventory_facts: ['os..family']\n", "is not a dotted fact path"),
         ("puppetdb_url: http://x:8080\ninventory_facts: {a: 1}\n", "must be a list"),
         ("puppetdb_url: http://x:8080\ninventory_interval: 5\n", "inventory_interval: must be 0"),
+        ("puppetdb_url: https://relay:s3cret@x:8081\n", "puppetdb_url: must not hold a user or password"),
     ],
 )
 def test_an_invalid_inventory_configuration_exits_2_naming_the_key(tmp_path, yaml_text, message):
