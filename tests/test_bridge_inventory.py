@@ -174,6 +174,29 @@ def test_pages_stream_every_node_once_with_its_facts(puppetdb: PuppetDB):
     assert len(sizes) > 1 or sum(sizes) <= 30
 
 
+@pytest.mark.parametrize("size", [10, 25])
+def test_pages_smaller_than_their_overlap_still_move_on(puppetdb: PuppetDB, size):
+    """The service sets the page size: one at or under PAGE_OVERLAP nodes asked PuppetDB
+    from a negative offset (a 400), or at 25 the same page for ever."""
+    for n in range(60):
+        puppetdb.replace_facts(f"invp-{n:02}", facts(f"invp-{n:02}"))
+
+    class Counted(Client):
+        asked = 0
+
+        def query(self, *args, **kwargs):
+            self.asked += 1
+            assert self.asked < 1_000, "the pages never end"
+            return super().query(*args, **kwargs)
+
+    client = Counted(puppetdb.url)
+    seen: list[str] = []
+    for page in inventory.pages(client, None, (), size=size):
+        assert len(page) <= size
+        seen += [n["certname"] for n in page if n["certname"].startswith("invp-")]
+    assert seen == [f"invp-{n:02}" for n in range(60)]
+
+
 def test_the_serve_timer_syncs_when_the_service_asks(oss, puppetdb: PuppetDB):
     puppetdb.replace_facts("invf-0", facts("invf-0"))
     client = Client(puppetdb.url)

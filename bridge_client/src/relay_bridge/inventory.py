@@ -114,6 +114,10 @@ def pages(
 ) -> Iterator[list[dict[str, Any]]]:
     """The nodes to send, a page at a time, each with the allow-list's facts."""
     query = changed_since(since)
+    # The service sets the page size: the overlap must leave each page a step forward, or a
+    # page of PAGE_OVERLAP nodes (or fewer) would be asked again for ever.
+    size = max(1, size)
+    step = size - min(PAGE_OVERLAP, size // 2)
     offset, previous = 0, set()
     while True:
         rows = puppetdb.query(
@@ -125,7 +129,7 @@ def pages(
         if len(rows) < size:
             return
         previous = {row.get("certname") for row in rows}
-        offset += size - PAGE_OVERLAP
+        offset += step
 
 
 def _node(row: dict[str, Any]) -> dict[str, Any]:
