@@ -311,3 +311,32 @@ def test_a_query_preview_is_resolved_by_the_bridge_through_puppetdb(oss, puppetd
     assert shown["unknown"] == []  # the same sync sent them
     refused = preview(connection, bad)
     assert refused["flags"][0].startswith("PuppetDB could not resolve it: PuppetDB refused the query (400)")
+
+
+def test_wide_preview_answers_are_sent_one_by_one_and_one_over_the_bound_says_so(
+    oss, puppetdb: PuppetDB, settings
+):
+    """The bridge sent every answer in one request: over the service's body bound (413)
+    none was taken, and the same batch failed again each minute."""
+    from inventory.scope import QUERY_FAILED, preview
+
+    for n in range(20):
+        puppetdb.replace_facts(f"invq-a-rather-long-certname-{n:02}", {**facts("invq"), "fleet": "invq"})
+    connection = PuppetConnection.objects.get()
+    narrow = [
+        {"query": f'inventory[certname] {{ certname = "invq-a-rather-long-certname-{n:02}" }}'}
+        for n in (0, 1)
+    ]
+    wide = {"query": 'inventory[certname] { facts.fleet = "invq" }'}
+    for scope in (*narrow, wide):
+        preview(connection, scope)
+    settings.API_MAX_BODY_BYTES = 250  # one narrow answer fits, two do not, nor the wide one
+
+    assert inventory.answer_queries(oss.client, Client(puppetdb.url), oss.client.inventory_status()) == 3
+    for n, scope in enumerate(narrow):
+        assert [row["certname"] for row in preview(connection, scope)["nodes"]] == [
+            f"invq-a-rather-long-certname-{n:02}"
+        ]
+    assert preview(connection, wide)["flags"] == [
+        f"{QUERY_FAILED}: the query names 20 nodes: over the service's body bound"
+    ]

@@ -25,7 +25,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from relay_bridge import trust
-from relay_bridge.api import RelayClient
+from relay_bridge.api import ApiError, RelayClient
 from relay_bridge.logs import logger
 from relay_bridge.puppetdb import PuppetDB, PuppetDBError
 
@@ -198,8 +198,12 @@ def _within(nodes: list[dict[str, Any]], limit: int) -> Iterator[list[dict[str, 
 def answer_queries(client: RelayClient, puppetdb: PuppetDB, status: dict[str, Any]) -> int:
     """Resolve the preview queries the service lists (`status` is its GET /_puppet/inventory
     answer) through PuppetDB, as a run's query scope is (relay_bridge.backends.query), and
-    send the certnames, or PuppetDB's message. Returns how many were answered."""
-    answers = []
+    send the certnames, or PuppetDB's message. Returns how many were answered.
+
+    One answer a request: a batch of wide answers is over the service's body bound (413),
+    and all of them were refused each minute again. An answer over it alone is sent as
+    that query's error."""
+    answered = 0
     for asked in status.get("queries") or []:
         if not isinstance(asked, dict) or not isinstance(asked.get("key"), str):
             continue
@@ -208,13 +212,23 @@ def answer_queries(client: RelayClient, puppetdb: PuppetDB, status: dict[str, An
             bad = [n for n in names if not trust.certname_ok(n)]
             if bad:
                 raise PuppetDBError(f"PuppetDB returned what is no certname: {trust.shown(bad[0])}")
-            answers.append({"key": asked["key"], "certnames": names})
+            answer: dict[str, Any] = {"key": asked["key"], "certnames": names}
         except PuppetDBError as exc:
-            answers.append({"key": asked["key"], "error": str(exc) or "PuppetDB failed"})
-    if answers:
-        client.inventory_answers(answers)
-        logger.info("preview queries answered", extra={"fields": {"queries": len(answers)}})
-    return len(answers)
+            answer = {"key": asked["key"], "error": str(exc) or "PuppetDB failed"}
+        try:
+            try:
+                client.inventory_answers([answer])
+            except ApiError as exc:
+                if exc.status != 413:
+                    raise
+                error = f"the query names {len(answer['certnames'])} nodes: over the service's body bound"
+                client.inventory_answers([{"key": asked["key"], "error": error}])
+            answered += 1
+        except ApiError as exc:
+            logger.error("a preview query's answer was refused", extra={"fields": {"error": str(exc)}})
+    if answered:
+        logger.info("preview queries answered", extra={"fields": {"queries": answered}})
+    return answered
 
 
 class Timer:
