@@ -340,3 +340,17 @@ def test_wide_preview_answers_are_sent_one_by_one_and_one_over_the_bound_says_so
     assert preview(connection, wide)["flags"] == [
         f"{QUERY_FAILED}: the query names 20 nodes: over the service's body bound"
     ]
+
+
+def test_a_page_the_service_refuses_ends_the_sync_failed_not_left_under_way(
+    oss, puppetdb: PuppetDB, settings
+):
+    """A node over the service's page bound (413) left the sync under way: every sync was
+    then refused (409) until INVENTORY_SYNC_IDLE had passed, with no error to show."""
+    puppetdb.replace_facts("invr-0", facts("invr-0"))
+    settings.INVENTORY_PAGE_MAX_BYTES = 100  # under any one node
+    with pytest.raises(inventory.InventoryError, match="the service refused a page"):
+        inventory.sync(oss.client, Client(puppetdb.url))
+    row = Inventory.objects.get()
+    assert row.sync_id is None
+    assert "413" in row.last_error

@@ -73,6 +73,11 @@ def sync(client: RelayClient, puppetdb: PuppetDB, facts: tuple[str, ...] = DEFAU
     except PuppetDBError as exc:
         client.inventory_end(sync_id, error=str(exc))
         raise InventoryError(str(exc)) from None
+    except ApiError as exc:
+        # The service refused a page (a node over its page bound): end the sync failed, or
+        # it stays under way and refuses every sync until INVENTORY_SYNC_IDLE has passed.
+        client.inventory_end(sync_id, error=f"the service refused a page: {exc}")
+        raise InventoryError(f"the service refused a page: {exc}") from None
     client.inventory_end(sync_id, since=(clock - OVERLAP).isoformat(timespec="seconds"))
     done.seconds = time.monotonic() - began
     if done.refused:
