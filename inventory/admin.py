@@ -74,6 +74,8 @@ class FactFilter(admin.SimpleListFilter):
         path, _, value = (self.value() or "").partition("=")
         if not path:
             return queryset
+        if "\x00" in path or "\x00" in value:
+            return queryset.none()  # no fact holds a NUL, and PostgreSQL refuses one in a lookup (a 500)
         return queryset.alias(fact=KeyTextTransform(path, "facts")).filter(fact=value)
 
 
@@ -88,7 +90,15 @@ class NodeAdmin(ReadOnly):
         "environment",
         "facts_shown",
     ]
-    list_filter = [StateFilter, "report_status", FactFilter, "connection", "environment"]
+    # The connections offered are the ones whose nodes the user sees: the stock filter would
+    # name every user's connections.
+    list_filter = [
+        StateFilter,
+        "report_status",
+        FactFilter,
+        ("connection", admin.RelatedOnlyFieldListFilter),
+        "environment",
+    ]
     search_fields = ["certname"]
     list_select_related = ["connection"]
     readonly_fields = [*Node.SENT, "certname", "connection", "seen_at"]
@@ -132,6 +142,20 @@ class InventoryAdmin(ReadOnly):
 
     @admin.action(description="Ask the bridge to sync now")
     def sync_now(self, request: HttpRequest, queryset: QuerySet[Inventory]) -> None:
-        for inventory in queryset:
+        # Setting its bridge to work is a change, as the API's POST …/sync/ is: the owner's
+        # or a superuser's (connections.permissions), not whoever may see the connection.
+        asked, refused = [], []
+        for inventory in queryset.select_related("connection"):
+            mine = may(request.user, Action.CHANGE, inventory.connection)
+            (asked if mine else refused).append(inventory)
+        for inventory in asked:
             inventory.request_sync()
-        self.message_user(request, f"Asked {queryset.count()} bridge(s) to sync.", messages.SUCCESS)
+        if asked:
+            self.message_user(request, f"Asked {len(asked)} bridge(s) to sync.", messages.SUCCESS)
+        if refused:
+            names = ", ".join(str(i.connection) for i in refused)
+            self.message_user(
+                request,
+                f"Only a connection's owner or a superuser asks for its sync: not {names}.",
+                messages.ERROR,
+            )

@@ -196,6 +196,30 @@ def test_events_are_read_page_by_page_and_a_node_with_too_many_says_so(
     assert len(pages) >= 6 and all(kw["offset"] == i for i, kw in enumerate(pages))
 
 
+def test_each_batch_of_reports_is_summarized_before_the_next_is_read(
+    pe, relay, puppetdb, tmp_path, monkeypatch
+):
+    """What is held is one batch's events (EVENT_BATCH reports), not every node's: a large
+    first run's raw events would otherwise all wait in memory for the last batch."""
+    monkeypatch.setattr(evidence, "EVENT_BATCH", 1)
+    summarized_before: list[int] = []
+    read = evidence.Reading._events
+
+    def counted(self, match):
+        summarized_before.append(len(self.found))
+        return read(self, match)
+
+    monkeypatch.setattr(evidence.Reading, "_events", counted)
+    nodes = ["pe-batch-web", "pe-batch-many", "pe-batch-db"]
+    pe.on_final = agents_report(puppetdb, "pe-batch-")
+
+    run = work(relay, pe_backend(pe, puppetdb.url), tmp_path, nodes)
+
+    assert summarized_before == [0, 1, 2]
+    web, many, db = run.run_results["nodes"]
+    assert (web["resources_total"], many["resources_total"], db["resources_total"]) == (2, 4, 0)
+
+
 def test_failures_and_the_reports_status_are_in_the_evidence(pe, relay, puppetdb, tmp_path):
     pe.script = ["running", "failed"]
     pe.node_states = {"pe-fail-broken": "failed"}

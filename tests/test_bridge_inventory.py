@@ -174,6 +174,29 @@ def test_pages_stream_every_node_once_with_its_facts(puppetdb: PuppetDB):
     assert len(sizes) > 1 or sum(sizes) <= 30
 
 
+@pytest.mark.parametrize("size", [10, 25])
+def test_pages_smaller_than_their_overlap_still_move_on(puppetdb: PuppetDB, size):
+    """The service sets the page size: one at or under PAGE_OVERLAP nodes asked PuppetDB
+    from a negative offset (a 400), or at 25 the same page for ever."""
+    for n in range(60):
+        puppetdb.replace_facts(f"invp-{n:02}", facts(f"invp-{n:02}"))
+
+    class Counted(Client):
+        asked = 0
+
+        def query(self, *args, **kwargs):
+            self.asked += 1
+            assert self.asked < 1_000, "the pages never end"
+            return super().query(*args, **kwargs)
+
+    client = Counted(puppetdb.url)
+    seen: list[str] = []
+    for page in inventory.pages(client, None, (), size=size):
+        assert len(page) <= size
+        seen += [n["certname"] for n in page if n["certname"].startswith("invp-")]
+    assert seen == [f"invp-{n:02}" for n in range(60)]
+
+
 def test_the_serve_timer_syncs_when_the_service_asks(oss, puppetdb: PuppetDB):
     puppetdb.replace_facts("invf-0", facts("invf-0"))
     client = Client(puppetdb.url)
@@ -236,6 +259,7 @@ def test_the_allow_list_defaults_with_puppetdb_and_takes_a_list_or_comma_separat
         ("puppetdb_url: http://x:8080\ninventory_facts: ['os..family']\n", "is not a dotted fact path"),
         ("puppetdb_url: http://x:8080\ninventory_facts: {a: 1}\n", "must be a list"),
         ("puppetdb_url: http://x:8080\ninventory_interval: 5\n", "inventory_interval: must be 0"),
+        ("puppetdb_url: https://relay:s3cret@x:8081\n", "puppetdb_url: must not hold a user or password"),
     ],
 )
 def test_an_invalid_inventory_configuration_exits_2_naming_the_key(tmp_path, yaml_text, message):
@@ -287,3 +311,46 @@ def test_a_query_preview_is_resolved_by_the_bridge_through_puppetdb(oss, puppetd
     assert shown["unknown"] == []  # the same sync sent them
     refused = preview(connection, bad)
     assert refused["flags"][0].startswith("PuppetDB could not resolve it: PuppetDB refused the query (400)")
+
+
+def test_wide_preview_answers_are_sent_one_by_one_and_one_over_the_bound_says_so(
+    oss, puppetdb: PuppetDB, settings
+):
+    """The bridge sent every answer in one request: over the service's body bound (413)
+    none was taken, and the same batch failed again each minute."""
+    from inventory.scope import QUERY_FAILED, preview
+
+    for n in range(20):
+        puppetdb.replace_facts(f"invq-a-rather-long-certname-{n:02}", {**facts("invq"), "fleet": "invq"})
+    connection = PuppetConnection.objects.get()
+    narrow = [
+        {"query": f'inventory[certname] {{ certname = "invq-a-rather-long-certname-{n:02}" }}'}
+        for n in (0, 1)
+    ]
+    wide = {"query": 'inventory[certname] { facts.fleet = "invq" }'}
+    for scope in (*narrow, wide):
+        preview(connection, scope)
+    settings.API_MAX_BODY_BYTES = 250  # one narrow answer fits, two do not, nor the wide one
+
+    assert inventory.answer_queries(oss.client, Client(puppetdb.url), oss.client.inventory_status()) == 3
+    for n, scope in enumerate(narrow):
+        assert [row["certname"] for row in preview(connection, scope)["nodes"]] == [
+            f"invq-a-rather-long-certname-{n:02}"
+        ]
+    assert preview(connection, wide)["flags"] == [
+        f"{QUERY_FAILED}: the query names 20 nodes: over the service's body bound"
+    ]
+
+
+def test_a_page_the_service_refuses_ends_the_sync_failed_not_left_under_way(
+    oss, puppetdb: PuppetDB, settings
+):
+    """A node over the service's page bound (413) left the sync under way: every sync was
+    then refused (409) until INVENTORY_SYNC_IDLE had passed, with no error to show."""
+    puppetdb.replace_facts("invr-0", facts("invr-0"))
+    settings.INVENTORY_PAGE_MAX_BYTES = 100  # under any one node
+    with pytest.raises(inventory.InventoryError, match="the service refused a page"):
+        inventory.sync(oss.client, Client(puppetdb.url))
+    row = Inventory.objects.get()
+    assert row.sync_id is None
+    assert "413" in row.last_error

@@ -12,6 +12,7 @@ from django.urls import reverse
 
 from inventory.models import Inventory, Node
 from inventory.scope import ASKED, RESOLVED_AT_RUN_TIME, resolve_scope
+from puppet_connection.models import PuppetConnection
 from tests.conftest import bridge, client_for
 from tests.test_connection_api import assert_problem
 
@@ -435,3 +436,84 @@ def test_a_query_puppetdb_refused_shows_its_message(token, connection, alice):
 )
 def test_bad_query_answers_are_400(token, answers):
     assert_problem(bridge(token).post(f"{BASE}/queries", {"answers": answers}, format="json"), 400)
+
+
+def test_the_admin_offers_no_connection_its_user_may_not_see(token, connection, client, bob):
+    """The node list's connection filter names only the connections the user may see: the
+    names of other users' connections are theirs to see (connections.permissions)."""
+    fleet(token)
+    for name in ("bob-puppet", "bob-lab"):
+        PuppetConnection.create_with_token(owner=bob, name=name)
+    type(bob).objects.filter(pk=bob.pk).update(is_staff=True)
+    client.force_login(bob)
+    page = client.get("/admin/inventory/node/")
+    assert page.status_code == 200
+    assert "prod-puppet" not in page.content.decode()
+
+
+@pytest.mark.parametrize("value", ["os.family=\x00", "os\x00family=Debian"])
+def test_a_nul_in_the_admins_fact_filter_is_no_500(token, connection, client, alice, value):
+    fleet(token)
+    type(alice).objects.filter(pk=alice.pk).update(is_staff=True)
+    client.force_login(alice)
+    page = client.get("/admin/inventory/node/", {"fact": value})
+    assert page.status_code < 500
+
+
+def test_only_the_connections_owner_has_its_bridge_resolve_a_query(token, connection, alice):
+    """A preview query runs on the owner's PuppetDB through their bridge, and a query can
+    test any fact (`facts.secret ~ "^a"`), past the allow-list: staff who may only see the
+    connection get the inventory's answer, and nothing is asked of the bridge."""
+    from tests.test_api_permissions import user_with
+
+    viewer = user_with("view_puppetconnection")
+    url = f"/api/connections/puppet/{connection[0].pk}/preview/"
+    ask = {"scope": {"query": 'inventory[certname] { facts.secret ~ "^a" }'}}
+    shown = client_for(viewer).post(url, ask, format="json").json()
+    assert (shown["resolved"], shown["flags"]) == (False, [RESOLVED_AT_RUN_TIME])
+    assert bridge(token).get(BASE).json()["queries"] == []
+    shown = client_for(alice).post(url, ask, format="json").json()
+    assert shown["flags"] == [ASKED]
+    assert len(bridge(token).get(BASE).json()["queries"]) == 1
+
+
+def test_a_query_naming_more_nodes_than_a_run_may_is_answered_as_such_and_the_others_kept(
+    token, connection, alice, settings
+):
+    """One query matching more nodes than a run may name (RUN_MAX_NODES) refused every
+    answer of the bridge's batch, each minute again: no preview was ever answered."""
+    settings.RUN_MAX_NODES = 2
+    url = f"/api/connections/puppet/{connection[0].pk}/preview/"
+    wide, narrow = {"scope": {"query": "nodes[certname] {}"}}, {"scope": {"query": ["=", "certname", "a"]}}
+    for ask in (wide, narrow):
+        client_for(alice).post(url, ask, format="json")
+    keys = {json.dumps(q["query"]): q["key"] for q in bridge(token).get(BASE).json()["queries"]}
+    answers = [
+        {"key": keys[json.dumps(wide["scope"]["query"])], "certnames": ["a", "b", "c"]},
+        {"key": keys[json.dumps(narrow["scope"]["query"])], "certnames": ["a"]},
+    ]
+    answer = bridge(token).post(f"{BASE}/queries", {"answers": answers}, format="json")
+    assert answer.status_code == 200, answer.content
+    assert answer.json() == {"taken": 2}
+    assert client_for(alice).post(url, narrow, format="json").json()["nodes"][0]["certname"] == "a"
+    flags = client_for(alice).post(url, wide, format="json").json()["flags"]
+    assert flags == ["PuppetDB could not resolve it: the query names 3 nodes, more than a run may (2)."]
+
+
+def test_only_whoever_may_change_the_connection_asks_for_a_sync_in_the_admin(
+    token, connection, client, alice
+):
+    """As in the API (POST …/sync/ changes: the owner or a superuser): staff who may only
+    see the connection do not set its bridge to work."""
+    from tests.test_api_permissions import user_with
+
+    synced(token, [node("web-1")])
+    inventory_row = Inventory.objects.get()
+    action = {"action": "sync_now", "_selected_action": [str(inventory_row.pk)]}
+    client.force_login(user_with("view_puppetconnection"))
+    client.post("/admin/inventory/inventory/", action)
+    assert Inventory.objects.get().sync_requested_at is None
+    type(alice).objects.filter(pk=alice.pk).update(is_staff=True)
+    client.force_login(alice)
+    assert client.post("/admin/inventory/inventory/", action).status_code == 302
+    assert Inventory.objects.get().sync_requested_at is not None

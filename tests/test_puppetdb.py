@@ -64,6 +64,15 @@ def test_a_query_without_certnames_is_refused(puppetdb: PuppetDB, fleet: list[st
         Client(puppetdb.url).certnames('facts[value] { name = "kernel" }')
 
 
+def test_an_answer_over_the_bound_is_refused_not_read_whole(puppetdb: PuppetDB, fleet: list[str]) -> None:
+    """A query names what it returns (`inventory {}`: every node's every fact): past the
+    client's bound its answer is refused, not read whole into the bridge's memory."""
+    client = Client(puppetdb.url, max_bytes=500)
+    with pytest.raises(PuppetDBError, match="over 500 bytes"):
+        client.certnames('inventory { certname ~ "^pdbclient-" }')
+    assert len(client.certnames('inventory[certname] { certname ~ "^pdbclient-" }')) == 4
+
+
 def test_puppetdb_down_is_an_error(fleet: list[str]) -> None:
     from tests.bao import free_port
 

@@ -8,6 +8,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from connections.api.views import ConnectionRules
+from connections.permissions import Action, may
 from inventory.filters import FilterError, filter_nodes
 from inventory.models import Inventory
 from inventory.scope import preview
@@ -103,7 +104,11 @@ class PuppetConnectionViewSet(ConnectionRules, TokenHolderViewSet):
         connection = self._seen()
         body = PreviewSerializer(data=request.data, context={"connection": connection})
         body.is_valid(raise_exception=True)
-        return Response(preview(connection, body.validated_data["scope"]))
+        # A query is run on the owner's PuppetDB by their bridge, and can test any fact, past
+        # the allow-list (`facts.secret ~ "^a"`): only the owner (or a superuser), or a run's
+        # own scope, has it asked; staff who may only see the connection get what is known.
+        ask = "run" in request.data or may(request.user, Action.CHANGE, connection)
+        return Response(preview(connection, body.validated_data["scope"], ask=ask))
 
     @extend_schema(request=None, responses={202: dict})
     @action(detail=True, methods=["post"])

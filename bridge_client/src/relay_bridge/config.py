@@ -216,6 +216,10 @@ def _validate(values: dict[str, Any], source: Path | None = None) -> Config:
         or not urlparse(puppetdb_url).netloc
     ):
         raise ConfigError("puppetdb_url", "must be an http(s) URL, e.g. https://puppetdb.example.com:8081")
+    if puppetdb_url is not None and "@" in urlparse(puppetdb_url).netloc:
+        # PuppetDB lets clients in by certificate; a password in the URL would be in every
+        # error naming PuppetDB, in the log and on the service's pages (a failed sync's error).
+        raise ConfigError("puppetdb_url", "must not hold a user or password: PuppetDB takes a certificate")
     for key in ("puppetdb_cert", "puppetdb_key", "puppetdb_cacert"):
         value = values.get(key) or None
         if value is not None and not isinstance(value, str):

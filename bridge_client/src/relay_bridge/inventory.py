@@ -25,7 +25,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from relay_bridge import trust
-from relay_bridge.api import RelayClient
+from relay_bridge.api import ApiError, RelayClient
 from relay_bridge.logs import logger
 from relay_bridge.puppetdb import PuppetDB, PuppetDBError
 
@@ -73,6 +73,11 @@ def sync(client: RelayClient, puppetdb: PuppetDB, facts: tuple[str, ...] = DEFAU
     except PuppetDBError as exc:
         client.inventory_end(sync_id, error=str(exc))
         raise InventoryError(str(exc)) from None
+    except ApiError as exc:
+        # The service refused a page (a node over its page bound): end the sync failed, or
+        # it stays under way and refuses every sync until INVENTORY_SYNC_IDLE has passed.
+        client.inventory_end(sync_id, error=f"the service refused a page: {exc}")
+        raise InventoryError(f"the service refused a page: {exc}") from None
     client.inventory_end(sync_id, since=(clock - OVERLAP).isoformat(timespec="seconds"))
     done.seconds = time.monotonic() - began
     if done.refused:
@@ -114,6 +119,10 @@ def pages(
 ) -> Iterator[list[dict[str, Any]]]:
     """The nodes to send, a page at a time, each with the allow-list's facts."""
     query = changed_since(since)
+    # The service sets the page size: the overlap must leave each page a step forward, or a
+    # page of PAGE_OVERLAP nodes (or fewer) would be asked again for ever.
+    size = max(1, size)
+    step = size - min(PAGE_OVERLAP, size // 2)
     offset, previous = 0, set()
     while True:
         rows = puppetdb.query(
@@ -125,7 +134,7 @@ def pages(
         if len(rows) < size:
             return
         previous = {row.get("certname") for row in rows}
-        offset += size - PAGE_OVERLAP
+        offset += step
 
 
 def _node(row: dict[str, Any]) -> dict[str, Any]:
@@ -194,8 +203,12 @@ def _within(nodes: list[dict[str, Any]], limit: int) -> Iterator[list[dict[str, 
 def answer_queries(client: RelayClient, puppetdb: PuppetDB, status: dict[str, Any]) -> int:
     """Resolve the preview queries the service lists (`status` is its GET /_puppet/inventory
     answer) through PuppetDB, as a run's query scope is (relay_bridge.backends.query), and
-    send the certnames, or PuppetDB's message. Returns how many were answered."""
-    answers = []
+    send the certnames, or PuppetDB's message. Returns how many were answered.
+
+    One answer a request: a batch of wide answers is over the service's body bound (413),
+    and all of them were refused each minute again. An answer over it alone is sent as
+    that query's error."""
+    answered = 0
     for asked in status.get("queries") or []:
         if not isinstance(asked, dict) or not isinstance(asked.get("key"), str):
             continue
@@ -204,13 +217,23 @@ def answer_queries(client: RelayClient, puppetdb: PuppetDB, status: dict[str, An
             bad = [n for n in names if not trust.certname_ok(n)]
             if bad:
                 raise PuppetDBError(f"PuppetDB returned what is no certname: {trust.shown(bad[0])}")
-            answers.append({"key": asked["key"], "certnames": names})
+            answer: dict[str, Any] = {"key": asked["key"], "certnames": names}
         except PuppetDBError as exc:
-            answers.append({"key": asked["key"], "error": str(exc) or "PuppetDB failed"})
-    if answers:
-        client.inventory_answers(answers)
-        logger.info("preview queries answered", extra={"fields": {"queries": len(answers)}})
-    return len(answers)
+            answer = {"key": asked["key"], "error": str(exc) or "PuppetDB failed"}
+        try:
+            try:
+                client.inventory_answers([answer])
+            except ApiError as exc:
+                if exc.status != 413:
+                    raise
+                error = f"the query names {len(answer['certnames'])} nodes: over the service's body bound"
+                client.inventory_answers([{"key": asked["key"], "error": error}])
+            answered += 1
+        except ApiError as exc:
+            logger.error("a preview query's answer was refused", extra={"fields": {"error": str(exc)}})
+    if answered:
+        logger.info("preview queries answered", extra={"fields": {"queries": answered}})
+    return answered
 
 
 class Timer:

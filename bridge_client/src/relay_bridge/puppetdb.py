@@ -10,6 +10,7 @@ scope with it, relay_bridge.backends.evidence every backend the runs' reports.""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -24,6 +25,10 @@ import requests
 # as the module reads them for puppetserver.
 AGENT_SSLDIR = Path("/etc/puppetlabs/puppet/ssl")
 MESSAGE_CHARS = 2000  # of PuppetDB's answer, in an error
+# An answer read at most: a query names what it returns (`inventory {}` is every node's every
+# fact), so past this the query is refused rather than read whole into memory.
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
+CHUNK = 64 * 1024
 
 
 class PuppetDBError(Exception):
@@ -37,6 +42,7 @@ class PuppetDB:
     key: str | None = field(default=None, repr=False)
     cacert: str | None = None
     timeout: float = 30.0
+    max_bytes: int = MAX_ANSWER_BYTES
 
     def __post_init__(self) -> None:
         self.clock: datetime | None = None
@@ -61,27 +67,46 @@ class PuppetDB:
         answer (its Date header), for asking later what changed since."""
         path = "/pdb/query/v4" + (f"/{endpoint}" if endpoint else "")
         try:
-            answer = self.session.post(
+            with self.session.post(
                 self.url.rstrip("/") + path,
                 json={"query": query, **paging},
                 timeout=timeout or self.timeout,
-            )
+                stream=True,
+            ) as answer:
+                refused = answer.status_code != 200
+                body = self._body(answer, MESSAGE_CHARS * 4 if refused else self.max_bytes)
         except requests.RequestException as exc:
             raise PuppetDBError(f"PuppetDB at {self.url} could not be reached: {exc}") from None
-        if answer.status_code != 200:
-            text = answer.text.strip()[:MESSAGE_CHARS] or answer.reason
+        if refused:
+            text = body.decode(errors="replace").strip()[:MESSAGE_CHARS] or answer.reason
             raise PuppetDBError(f"PuppetDB refused the query ({answer.status_code}): {text}")
         try:
             self.clock = parsedate_to_datetime(answer.headers["Date"])
         except (KeyError, TypeError, ValueError):
             self.clock = None
         try:
-            rows = answer.json()
+            rows = json.loads(body)
         except ValueError:
             raise PuppetDBError("PuppetDB's answer is not JSON") from None
         if not isinstance(rows, list):
             raise PuppetDBError("PuppetDB's answer is not a list of rows")
         return rows
+
+    def _body(self, answer: requests.Response, limit: int) -> bytes:
+        """The answer's body, up to `limit` bytes: an error's is cut there, rows past it refused."""
+        chunks, size = [], 0
+        for chunk in answer.iter_content(CHUNK):
+            size += len(chunk)
+            if size > limit:
+                if answer.status_code != 200:
+                    chunks.append(chunk[: len(chunk) - (size - limit)])
+                    break
+                raise PuppetDBError(
+                    f"PuppetDB's answer is over {limit} bytes: ask for fewer nodes or fields"
+                    " (project them, e.g. inventory[certname] { ... })"
+                )
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     def certnames(self, query: Any) -> list[str]:
         """The certnames a run's `query` scope names: PQL text, or an AST (a `from` query, or

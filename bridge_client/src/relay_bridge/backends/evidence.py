@@ -250,14 +250,17 @@ class Reading:
                 continue
             if node not in latest or str(row.get("receive_time")) > str(latest[node].get("receive_time")):
                 latest[node] = row
-        hashes = {str(row.get("hash")): node for node, row in latest.items()}
-        events: dict[str, list[dict[str, Any]]] = {node: [] for node in latest}
-        too_many: set[str] = set()
-        ordered = list(hashes)
-        for start in range(0, len(ordered), EVENT_BATCH):
+        # Each batch's nodes are summarized as soon as their events are read, so what is held
+        # is EVENT_BATCH nodes' events at most, whatever the run's size.
+        nodes = list(latest)
+        for start in range(0, len(nodes), EVENT_BATCH):
+            batch = nodes[start : start + EVENT_BATCH]
+            hashes = {str(latest[node].get("hash")): node for node in batch}
+            events: dict[str, list[dict[str, Any]]] = {node: [] for node in batch}
+            too_many: set[str] = set()
             match = [
                 "and",
-                ["in", "report", ["array", ordered[start : start + EVENT_BATCH]]],
+                ["in", "report", ["array", list(hashes)]],
                 ["in", "status", ["array", list(reports.CHANGE_STATUSES)]],
             ]
             for event in self._events(match):
@@ -269,17 +272,17 @@ class Reading:
                     events[node] = []
                     continue
                 events[node].append(event)
-        for node, row in latest.items():
-            if node in too_many:
-                summary = {
-                    "changes_pending": None,
-                    "report_error": f"not available: the report has more than {EVENTS_PER_NODE} "
-                    "changed or failed events; not read",
-                }
-            else:
-                try:
-                    summary = reports.changes_of(reports.from_puppetdb(row, events[node]))
-                except reports.ReportError as exc:
-                    summary = {"changes_pending": None, "report_error": str(exc)}
-            with self._lock:
-                self.found[node] = summary
+            for node in batch:
+                if node in too_many:
+                    summary = {
+                        "changes_pending": None,
+                        "report_error": f"not available: the report has more than {EVENTS_PER_NODE} "
+                        "changed or failed events; not read",
+                    }
+                else:
+                    try:
+                        summary = reports.changes_of(reports.from_puppetdb(latest[node], events.pop(node)))
+                    except reports.ReportError as exc:
+                        summary = {"changes_pending": None, "report_error": str(exc)}
+                with self._lock:
+                    self.found[node] = summary
