@@ -292,3 +292,25 @@ def test_a_number_json_cannot_hold_in_a_workflow_is_a_400_at_its_line(alice_api,
     assert (error["line"], error["column"]) == (3, 18)
     assert_problem(alice_api.post("/api/workflows/", {"name": "wf", "source": source}, format="json"), 400)
     assert not Workflow.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_nul_in_the_query_string_is_a_400_not_a_500(live_server, alice, staff):
+    """PostgreSQL refuses NUL in any text: a filter given one (the admin's lists, the APIs')
+    was a 500."""
+    user = {"Authorization": f"Token {api_token_for(alice)}"}
+    for path in (
+        "/api/workflow-runs/?workflow=%00",
+        "/api/workflows/?search=a%00b",
+        "/api/connections/puppet/?name%00=x",
+    ):
+        status, content_type, problem = raw_request(live_server, "GET", path, user)
+        assert (status, content_type) == (400, "application/problem+json"), (path, status)
+        assert problem["type"] == "urn:relay:problem:bad_query", problem
+    client = Client()
+    client.force_login(staff)
+    for path in ("/admin/workflows/workflowrun/?status=%00", "/admin/inventory/node/?environment=%00"):
+        assert client.get(path).status_code == 400, path
+    # "%2500" is the text "%00", which is no NUL.
+    status, _, _ = raw_request(live_server, "GET", "/api/workflow-runs/?workflow=%2500", user)
+    assert status == 200

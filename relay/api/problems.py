@@ -143,6 +143,15 @@ def bad_path(request: HttpRequest, character: str) -> HttpResponse:
     return defaults.bad_request(request, None)
 
 
+def bad_query(request: HttpRequest) -> HttpResponse:
+    from django.views import defaults
+
+    if is_api_request(request):
+        detail = "The URL's query string holds a NUL character (%00), which no value here may hold."
+        return problem_response(request, 400, detail, "bad_query")
+    return defaults.bad_request(request, None)
+
+
 def handler403(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     from django.views import defaults
 
