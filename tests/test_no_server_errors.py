@@ -296,17 +296,15 @@ def test_a_number_json_cannot_hold_in_a_workflow_is_a_400_at_its_line(alice_api,
 
 @pytest.mark.django_db(transaction=True)
 def test_a_nul_in_the_query_string_is_a_400_not_a_500(live_server, alice, staff):
-    """PostgreSQL refuses NUL in any text: a filter given one (the admin's lists, the APIs')
-    was a 500."""
+    """PostgreSQL refuses NUL in any text: the admin's list filters given one were a 500 (the
+    APIs' refuse it themselves, a problem naming the parameter)."""
     user = {"Authorization": f"Token {api_token_for(alice)}"}
     for path in (
         "/api/workflow-runs/?workflow=%00",
-        "/api/workflows/?search=a%00b",
-        "/api/connections/puppet/?name%00=x",
+        "/api/workflows/?owner=a%00b",
     ):
-        status, content_type, problem = raw_request(live_server, "GET", path, user)
+        status, content_type, _ = raw_request(live_server, "GET", path, user)
         assert (status, content_type) == (400, "application/problem+json"), (path, status)
-        assert problem["type"] == "urn:relay:problem:bad_query", problem
     client = Client()
     client.force_login(staff)
     for path in ("/admin/workflows/workflowrun/?status=%00", "/admin/inventory/node/?environment=%00"):

@@ -144,11 +144,9 @@ def bad_path(request: HttpRequest, character: str) -> HttpResponse:
 
 
 def bad_query(request: HttpRequest) -> HttpResponse:
+    """A page's query string with a NUL in it (relay.middleware): Django's 400 page."""
     from django.views import defaults
 
-    if is_api_request(request):
-        detail = "The URL's query string holds a NUL character (%00), which no value here may hold."
-        return problem_response(request, 400, detail, "bad_query")
     return defaults.bad_request(request, None)
 
 
