@@ -20,6 +20,7 @@ from tests.puppetdb import PuppetDB
 from tests.puppetserver import PuppetServer
 from tests.script_helpers import EngineWorker, StandIn, running_script_workers
 from tests.sshd import Sshd
+from tests.standins.orchestrator import Orchestrator
 
 
 def point_vault_at(server: BaoDevServer, token: str) -> None:
@@ -317,6 +318,33 @@ def service(live_server) -> Iterator[Service]:
     """For the bridge's tests: a connection on a live server, and a client that plays the
     workflow step. (test_bridge_step.py has a `service` of its own.)"""
     _, token = PuppetConnection.create_with_token(owner=User.objects.create_user("ops"), name="dc")
+    client = RelayClient(live_server.url, str(token), attempts=1)
+    yield Service(live_server.url, str(token), client)
+    client.close()
+
+
+@pytest.fixture
+def pe(tmp_path) -> Iterator[Orchestrator]:
+    """The PE orchestrator's stand-in (tests/standins/orchestrator.py), on a port of its own."""
+    orchestrator = Orchestrator(tmp_path / "pe")
+    yield orchestrator
+    orchestrator.stop()
+
+
+@pytest.fixture
+def relay(live_server) -> Iterator[RelayClient]:
+    """Our bridge's client of a PE connection on a live server."""
+    _, token = PuppetConnection.create_with_token(owner=User.objects.create_user("ops"), name="pe")
+    client = RelayClient(live_server.url, str(token), platform="pe", backend="orchestrator", attempts=2)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def oss(live_server) -> Iterator[Service]:
+    """An open-source connection whose bridge has PuppetDB (the `puppetdb` setting)."""
+    conn, token = PuppetConnection.create_with_token(owner=User.objects.create_user("ops"), name="oss")
+    PuppetConnection.objects.filter(pk=conn.pk).update(platform="oss", backend="ssh", puppetdb=True)
     client = RelayClient(live_server.url, str(token), attempts=1)
     yield Service(live_server.url, str(token), client)
     client.close()

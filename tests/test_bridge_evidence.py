@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from django.contrib.auth.models import User
 from relay_bridge.api import RelayClient
 from relay_bridge.backends import evidence, make
 from relay_bridge.backends.evidence import Evidence
@@ -28,10 +27,9 @@ from relay_bridge.config import load
 from relay_bridge.puppetdb import PuppetDB as Client
 from relay_bridge.worker import RunWorker
 
-from puppet_connection.models import PuppetConnection
 from runs.models import Run
 from tests.bao import free_port
-from tests.bridge_helpers import Service, bridge_config, completed, relay_bridge
+from tests.bridge_helpers import bridge_config, completed, relay_bridge
 from tests.puppetdb import PuppetDB, now
 from tests.sshd import write_fake_puppet
 from tests.standins.orchestrator import Job, Orchestrator
@@ -39,21 +37,6 @@ from tests.standins.orchestrator import Job, Orchestrator
 pytestmark = pytest.mark.django_db(transaction=True)
 
 MOTD_OLD, MOTD_NEW = "{sha256}" + "a" * 64, "{sha256}" + "b" * 64
-
-
-@pytest.fixture
-def pe(tmp_path):
-    orchestrator = Orchestrator(tmp_path / "pe")
-    yield orchestrator
-    orchestrator.stop()
-
-
-@pytest.fixture
-def relay(live_server):
-    _, token = PuppetConnection.create_with_token(owner=User.objects.create_user("ops"), name="pe")
-    client = RelayClient(live_server.url, str(token), platform="pe", backend="orchestrator", attempts=2)
-    yield client
-    client.close()
 
 
 def resource(kind: str, title: str, *events: dict) -> dict:
@@ -330,15 +313,6 @@ def test_make_reads_pe_reports_from_the_configured_puppetdb(pe, puppetdb, tmp_pa
 
 
 # Open source: the SSH backend.
-
-
-@pytest.fixture
-def oss(live_server) -> Service:
-    conn, token = PuppetConnection.create_with_token(owner=User.objects.create_user("ops"), name="oss")
-    PuppetConnection.objects.filter(pk=conn.pk).update(platform="oss", backend="ssh", puppetdb=True)
-    client = RelayClient(live_server.url, str(token), attempts=1)
-    yield Service(live_server.url, str(token), client)
-    client.close()
 
 
 def with_puppetdb(config, **keys):

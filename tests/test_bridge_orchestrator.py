@@ -4,7 +4,6 @@ every job state and error kind to its outcome, paging of node results, retries, 
 tasks and plans, TLS against the Puppet CA, and re-attaching after a restart."""
 
 import pytest
-from django.contrib.auth.models import User
 from relay_bridge.api import RelayClient
 from relay_bridge.backends import choose, make
 from relay_bridge.backends.orchestrator import OrchestratorBackend
@@ -16,21 +15,6 @@ from runs.models import Run, RunTransition
 from tests.standins.orchestrator import Orchestrator, make_tls
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def pe(tmp_path):
-    orchestrator = Orchestrator(tmp_path / "pe")
-    yield orchestrator
-    orchestrator.stop()
-
-
-@pytest.fixture
-def relay(live_server):
-    _, token = PuppetConnection.create_with_token(owner=User.objects.create_user("ops"), name="pe")
-    client = RelayClient(live_server.url, str(token), platform="pe", backend="orchestrator", attempts=2)
-    yield client
-    client.close()
 
 
 def backend_for(pe: Orchestrator, **options) -> OrchestratorBackend:

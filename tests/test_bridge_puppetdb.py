@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from django.contrib.auth.models import User
 from relay_bridge.api import RelayClient
 from relay_bridge.backends import make
 from relay_bridge.config import load
@@ -19,22 +18,12 @@ from relay_bridge.worker import RunWorker
 from puppet_connection.models import PuppetConnection
 from runs.models import Run
 from tests.bao import free_port
-from tests.bridge_helpers import Service, bridge_config, completed, relay_bridge
+from tests.bridge_helpers import bridge_config, completed, relay_bridge
 from tests.puppetdb import PuppetDB
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 DEBIAN = 'inventory[certname] { facts.os.family = "Debian" and facts.fleet = "%s" }'
-
-
-@pytest.fixture
-def oss(live_server) -> Service:
-    """An open-source connection whose bridge has PuppetDB (the `puppetdb` setting)."""
-    conn, token = PuppetConnection.create_with_token(owner=User.objects.create_user("ops"), name="oss")
-    PuppetConnection.objects.filter(pk=conn.pk).update(platform="oss", backend="ssh", puppetdb=True)
-    client = RelayClient(live_server.url, str(token), attempts=1)
-    yield Service(live_server.url, str(token), client)
-    client.close()
 
 
 def fleet(puppetdb: PuppetDB, name: str, families: list[str]) -> list[str]:

@@ -19,7 +19,6 @@ from relay_bridge.worker import RunWorker
 from puppet_connection.models import PuppetConnection
 from runs.models import Run
 from tests.bridge_helpers import wait_for
-from tests.standins.orchestrator import Orchestrator
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -174,13 +173,6 @@ def test_bolt_says_which_task_it_cannot_find(live_server, token, modules, bolt_l
         "Bolt gave no results (it exited 1): bolt/unknown-task: Could not find a task named 'nosuch::task'."
         " For a list of available tasks, run 'bolt task show'."
     )
-
-
-@pytest.fixture
-def pe(tmp_path):
-    orchestrator = Orchestrator(tmp_path / "pe")
-    yield orchestrator
-    orchestrator.stop()
 
 
 def test_the_orchestrator_gets_command_task_with_the_run_s_scope(live_server, token, pe, tmp_path):

@@ -27,7 +27,6 @@ from runs.models import Rollout, RolloutBatch, Run
 from tests.bridge_helpers import Service, bridge_config, relay_bridge, wait_for
 from tests.events_helpers import clear_queues
 from tests.ruby_agent import Agent, Orchestrator, OrchestratorAPI
-from tests.standins.orchestrator import Orchestrator as OrchestratorStandIn
 from tests.workflow_helpers import EngineWorker, finished, run_of, steps_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -51,13 +50,6 @@ def worker(broker, bao, tmp_path) -> Iterator[EngineWorker]:
     )
     yield process
     process.stop()
-
-
-@pytest.fixture
-def pe(tmp_path) -> Iterator[OrchestratorStandIn]:
-    standin = OrchestratorStandIn(tmp_path / "pe")
-    yield standin
-    standin.stop()
 
 
 def ended(run_id: str, timeout: float = 60) -> Run:

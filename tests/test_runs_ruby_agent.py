@@ -12,7 +12,6 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 import requests
@@ -30,7 +29,6 @@ from tests.ruby_agent import (
     OrchestratorAPI,
     RelayAPI,
 )
-from tests.standins.orchestrator import Orchestrator as OrchestratorStandIn
 
 SPEED = 100  # poll every 0.3 s, tick every 0.15 s
 POLL = 30 / SPEED
@@ -40,13 +38,6 @@ POLL = 30 / SPEED
 def token(transactional_db) -> str:
     owner = User.objects.create_user("alice")
     return str(PuppetConnection.create_with_token(owner=owner, name="prod")[1])
-
-
-@pytest.fixture
-def pe(tmp_path: Path):
-    standin = OrchestratorStandIn(tmp_path / "pe")
-    yield standin
-    standin.stop()
 
 
 def create_runs(url: str, token: str, count: int) -> list[str]:

@@ -100,13 +100,6 @@ def test_cancelling_a_waiting_step_stops_puppet_on_the_node(service, sshd, alice
     wait_for(lambda: not alive(pid), 5, "Puppet to stop on the node")
 
 
-@pytest.fixture
-def pe(tmp_path):
-    orchestrator = Orchestrator(tmp_path / "pe")
-    yield orchestrator
-    orchestrator.stop()
-
-
 def work_on_pe(service: Service, pe: Orchestrator, tmp_path) -> threading.Thread:
     """A bridge on PE works the connection's pending run with the orchestrator, in a thread."""
     relay = RelayClient(service.url, service.token, platform="pe", backend="orchestrator", attempts=2)
