@@ -12,9 +12,7 @@ from pathlib import Path
 import pytest
 import requests
 import yaml
-from django.contrib.auth.models import User
 from relay_bridge import inventory
-from relay_bridge.api import RelayClient
 from relay_bridge.puppetdb import PuppetDB as Client
 
 from inventory.models import Inventory, Node
@@ -24,15 +22,6 @@ from tests.bridge_helpers import RELAY_BRIDGE, Service, relay_bridge, wait_for
 from tests.puppetdb import PuppetDB
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def oss(live_server) -> Service:
-    conn, token = PuppetConnection.create_with_token(owner=User.objects.create_user("ops"), name="oss")
-    PuppetConnection.objects.filter(pk=conn.pk).update(platform="oss", backend="ssh", puppetdb=True)
-    client = RelayClient(live_server.url, str(token), attempts=1)
-    yield Service(live_server.url, str(token), client)
-    client.close()
 
 
 def facts(name: str, family: str = "Debian") -> dict:
